@@ -7,15 +7,16 @@ Pure values, no I/O. Two formats are understood:
 * the hex mask format of ``cpumap``/``thread_siblings``: comma-separated
   32-bit words, most significant first, e.g. ``00000000,0000ffff``.
 
-``CPUSet`` and ``NodeSet`` are distinct types: mixing them in set algebra or
-comparing them raises ``TypeError``, so a CPU set is never taken for a node set.
+``CPUSet`` and ``NodeSet`` are distinct types: mixing them in set algebra raises
+``TypeError`` and they never compare equal, so a CPU set is never taken for a
+node set.
 The set is held as an integer bit mask, which keeps the algebra fast at the
 1024-CPU scale the allocator works at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
 _MAX_ID = 1 << 20  # far above any kernel's NR_CPUS (8192) or MAX_NUMNODES (1024)
@@ -38,10 +39,20 @@ class _IdSet:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self) -> tuple[Callable[[int], Self], tuple[int]]:
+        # The default reduction restores the slot through __setattr__, which is
+        # blocked, so copy, deepcopy (dataclasses.asdict) and pickle would fail.
+        return (type(self).from_bits, (self._bits,))
+
     @classmethod
     def from_bits(cls, bits: int) -> Self:
         if bits < 0:
             raise ValueError("a bit mask cannot be negative")
+        if bits.bit_length() > _MAX_ID:
+            raise ValueError(f"a bit mask cannot name ids beyond {_MAX_ID - 1}")
         new = cls.__new__(cls)
         object.__setattr__(new, "_bits", bits)
         return new
@@ -69,8 +80,8 @@ class _IdSet:
         if not body:
             raise ValueError("empty mask")
         bits = 0
-        for word in body.split(","):
-            word = word.strip()
+        for raw_word in body.split(","):
+            word = raw_word.strip()
             if not word or len(word) > 8 or any(c not in _HEX for c in word):
                 raise ValueError(f"bad mask word {word!r} in {text!r}")
             bits = (bits << 32) | int(word, 16)

@@ -10,6 +10,10 @@ tree can never make numad read this machine's own ``/sys``.
 With ``record=True`` the seam remembers every file it read, every directory it
 listed and every link it followed, which is exactly what ``record-fixture``
 needs to reproduce a machine.
+
+A ``HostFS`` is a snapshot: it caches link resolutions, so it answers for the
+tree as it was when first read. Make a new one for every discovery pass (the
+watcher does); never keep one across hotplug events.
 """
 
 from __future__ import annotations
@@ -64,10 +68,10 @@ class HostFS:
         A dangling link resolves to its (missing) target; a link loop raises
         ``HostFileError`` (ELOOP).
         """
-        _check_host_path(path)
         done = self._resolved.get(path)
         if done is not None:
             return done
+        _check_host_path(path)
         parts = deque(path.split("/"))
         current = "/"
         hops = 0
@@ -92,6 +96,12 @@ class HostFS:
         self._resolved[path] = current
         return current
 
+    def readlink(self, path: str) -> str | None:
+        """The target text of the link at host ``path`` (its parent resolved), or None."""
+        _check_host_path(path)
+        parent, name = posixpath.split(path)
+        return self._readlink(posixpath.join(self.resolve(parent), name))
+
     def _readlink(self, path: str) -> str | None:
         if path in self._links:
             return self._links[path]
@@ -108,12 +118,15 @@ class HostFS:
 
     def read_bytes_optional(self, path: str) -> bytes | None:
         """The file's bytes, or None if it (or a link on the way) is missing."""
+        # Checked here, not only in resolve(parent): a NUL in the last component
+        # would otherwise reach os.open and escape as ValueError.
+        _check_host_path(path)
         parent, name = posixpath.split(path)
         try:
             real = self._prefix + posixpath.join(self.resolve(parent), name)
             data = _read(real)
-        except HostFileError:
-            raise
+        except HostFileError as err:  # a loop in the parent: name the file asked for
+            raise HostFileError(path, err.problem, err.hint) from err
         except OSError as err:
             if err.errno in _MISSING:
                 return None

@@ -1,0 +1,200 @@
+"""The ``numad`` command line.
+
+Edge: parses arguments, runs one stage and prints its result. Host files are
+read only through a ``HostFS`` (``--root`` re-roots them); bundled recorded
+machines are package data found with importlib.resources. Every
+``NumadError`` becomes one line on stderr and exit status 1; usage errors
+exit 2, as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+from typing import TypeAlias
+
+from numad import __version__
+from numad.errors import FixtureError, HostFileError, NumadError
+from numad.hostfs import HostFS
+from numad.topology.discover import discover
+from numad.topology.model import Topology
+from numad.topology.record import load_fixture, record_fixture
+from numad.topology.render import to_json, to_text
+
+# The machine `topology --auto` shows where the host has no NUMA to show.
+DEFAULT_MACHINE = "32intel64-2p8co2t+8ve"
+NODE_DIR = "/sys/devices/system/node"
+_BUNDLED_SUFFIX = ".tar.bz2"
+
+_Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``numad`` with ``argv`` (default: the process arguments); return the exit status."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "fixture", None) is not None and args.root is not None:
+            args.usage_error("argument --fixture: not allowed with argument --root")
+    except SystemExit as done:  # --help, or a usage error argparse already printed
+        return done.code if isinstance(done.code, int) else 2
+    command: _Command = args.command
+    try:
+        return command(args)
+    except NumadError as err:
+        print(f"numad: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`numad topology | head`): stop quietly, and keep
+        # the interpreter from complaining while it flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numad", description="A NUMA resource manager for Linux hosts."
+    )
+    parser.add_argument("--version", action="version", version=f"numad {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    _add_topology(sub)
+    _add_record(sub)
+    return parser
+
+
+# argparse names the type of add_subparsers() only privately, and it is generic
+# only to type checkers: a string keeps it out of the runtime.
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_topology(sub: _Subparsers) -> None:
+    topo = sub.add_parser(
+        "topology",
+        help="show the machine as discovery sees it",
+        description="Show the machine as discovery sees it: a tree for people, or JSON.",
+    )
+    topo.add_argument(
+        "--root", metavar="DIR", help="read host files under DIR instead of / (a recorded tree)"
+    )
+    topo.add_argument("--json", action="store_true", help="print JSON instead of the tree")
+    source = topo.add_mutually_exclusive_group()
+    source.add_argument(
+        "--fixture",
+        metavar="NAME",
+        help=f"show a bundled recorded machine (e.g. {DEFAULT_MACHINE}) or a recorded archive",
+    )
+    source.add_argument(
+        "--auto",
+        action="store_true",
+        help=f"show the host, or {DEFAULT_MACHINE} where the host has fewer than 2 NUMA nodes",
+    )
+    topo.set_defaults(command=_topology, usage_error=topo.error)
+
+
+def _add_record(sub: _Subparsers) -> None:
+    rec = sub.add_parser(
+        "record-fixture",
+        help="record the host files discovery reads into an archive",
+        description="Record exactly the host files discovery reads into OUT (.tar.gz), "
+        "for bug reports and tests.",
+    )
+    rec.add_argument("out", metavar="OUT", type=Path, help="the archive to write (.tar.gz)")
+    rec.add_argument("--root", metavar="DIR", help="read host files under DIR instead of /")
+    rec.set_defaults(command=_record)
+
+
+# -- topology ---------------------------------------------------------------------
+
+
+def _topology(args: argparse.Namespace) -> int:
+    if args.fixture is not None:
+        topo = _recorded_machine(args.fixture)
+    elif args.auto:
+        topo = _host_or_default(_root(args.root))
+    else:
+        topo = discover(HostFS(_root(args.root)))
+    if args.json:
+        print(json.dumps(to_json(topo), indent=2, sort_keys=False))
+    else:
+        print(to_text(topo), end="")
+    return 0
+
+
+def _host_or_default(root: str) -> Topology:
+    """The host's topology, unless it has no NUMA to show; then the default machine."""
+    fs = HostFS(root)
+    if not fs.is_dir(NODE_DIR):
+        reason = f"this host has no {NODE_DIR} (a kernel without NUMA support)"
+    else:
+        topo = discover(fs)
+        if len(topo.nodes) > 1:
+            return topo
+        reason = f"this host has {len(topo.nodes)} NUMA node"
+    print(
+        f"numad: {reason}; showing the recorded machine {DEFAULT_MACHINE} instead",
+        file=sys.stderr,
+    )
+    return _recorded_machine(DEFAULT_MACHINE)
+
+
+def _recorded_machine(name: str) -> Topology:
+    """Discover a bundled machine by name, or a recorded archive by path."""
+    with (
+        _archive(name) as archive,
+        tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch,
+    ):
+        return discover(HostFS(load_fixture(archive, Path(scratch))))
+
+
+@contextlib.contextmanager
+def _archive(name: str) -> Iterator[Path]:
+    path = Path(name)
+    if path.is_file():
+        yield path
+        return
+    data = resources.files("numad").joinpath("data")
+    bundled = data.joinpath(name + _BUNDLED_SUFFIX)
+    if "/" in name or not bundled.is_file():
+        known = ", ".join(bundled_machines()) or "none"
+        raise FixtureError(name, "no such recorded machine", f"bundled machines: {known}")
+    with resources.as_file(bundled) as real:
+        yield real
+
+
+def bundled_machines() -> tuple[str, ...]:
+    """Names of the recorded machines shipped with numad."""
+    data = resources.files("numad").joinpath("data")
+    return tuple(
+        sorted(
+            e.name.removesuffix(_BUNDLED_SUFFIX)
+            for e in data.iterdir()
+            if e.name.endswith(_BUNDLED_SUFFIX)
+        )
+    )
+
+
+# -- record-fixture ----------------------------------------------------------------
+
+
+def _record(args: argparse.Namespace) -> int:
+    fs = HostFS(_root(args.root), record=True)
+    discover(fs)
+    count = record_fixture(fs, args.out)
+    print(f"{args.out}: {count} entries")
+    return 0
+
+
+def _root(root: str | None) -> str:
+    if root is None:
+        return "/"
+    if not os.path.isdir(root):
+        raise HostFileError(root, "is not a directory", "give the root of a (recorded) tree")
+    return root

@@ -1,0 +1,1 @@
+"""Topology: the model of a machine, its discovery from sysfs, its rendering."""

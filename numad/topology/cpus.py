@@ -1,0 +1,200 @@
+"""Discovery of CPUs, physical cores, packages and L3 groups from /sys/devices/system/cpu.
+
+Discovery edge: reads host files only through the ``Reader``. Quirks of real
+machines are handled where they are met, each with a comment naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from numad.cpuset import CPUSet
+from numad.topology.model import CacheGroup, Core, Package
+from numad.topology.sysread import Reader
+
+CPU_DIR = "/sys/devices/system/cpu"
+_CPU_NAME = re.compile(r"cpu(\d{1,7})")
+_INDEX_NAME = re.compile(r"index(\d{1,3})")
+
+
+@dataclass(frozen=True, slots=True)
+class CPUFacts:
+    """What sysfs says of one online CPU, before grouping."""
+
+    id: int
+    package_id: int | None  # physical_package_id, None where -1, missing or garbage
+    package_siblings: CPUSet
+    die: int | None
+    cluster: int | None
+    core_id: int | None
+    siblings: CPUSet
+
+
+def cpu_ids(r: Reader) -> tuple[CPUSet, CPUSet]:
+    """All CPUs the kernel knows of, and the online ones among them."""
+    known = CPUSet(int(m.group(1)) for n in r.fs.listdir(CPU_DIR) if (m := _CPU_NAME.fullmatch(n)))
+    if not known:
+        # Quirk: a tree without cpuN directories still names its CPUs in present/possible.
+        known = r.id_list(f"{CPU_DIR}/present", CPUSet) or CPUSet()
+    online = r.id_list(f"{CPU_DIR}/online", CPUSet)
+    if online is None:
+        # Quirk: old kernels have no cpu/online list; each CPU then has its own
+        # cpuN/online flag, except the boot CPU (not hot-pluggable), which has none.
+        online = CPUSet(c for c in known if r.integer(f"{CPU_DIR}/cpu{c}/online") != 0)
+    return known | online, online
+
+
+def cpu_facts(r: Reader, cpu: int, online: CPUSet) -> CPUFacts:
+    base = f"{CPU_DIR}/cpu{cpu}/topology"
+    package_id = r.integer(f"{base}/physical_package_id")
+    if package_id is not None and package_id < 0:
+        # Quirk: ppc64 LPARs (and some VMs) report physical_package_id -1; the
+        # package is then known only by its sibling set, as hwloc groups it.
+        package_id = None
+    die = r.integer(f"{base}/die_id")
+    cluster = r.integer(f"{base}/cluster_id")
+    siblings = r.cpus(f"{base}/core_cpus_list", None) or r.cpus(
+        f"{base}/thread_siblings_list", f"{base}/thread_siblings"
+    )
+    package_siblings = None
+    if package_id is None:
+        package_siblings = r.cpus(f"{base}/package_cpus_list", None) or r.cpus(
+            f"{base}/core_siblings_list", f"{base}/core_siblings"
+        )
+    me = CPUSet((cpu,))
+    return CPUFacts(
+        id=cpu,
+        package_id=package_id,
+        package_siblings=((package_siblings or me) & online) | me,
+        die=die if die is not None and die >= 0 else None,  # arm64 reports die_id -1
+        cluster=cluster if cluster is not None and cluster >= 0 else None,
+        core_id=r.integer(f"{base}/core_id"),
+        # Offline siblings keep no topology: a core is its online threads.
+        siblings=((siblings or me) & online) | me,
+    )
+
+
+def _partition(sets: Iterable[CPUSet]) -> list[CPUSet]:
+    """Merge overlapping sets into disjoint groups (sibling files can disagree)."""
+    groups: list[CPUSet] = []
+    for s in dict.fromkeys(sets):  # sibling files usually agree: pair each set once
+        merged = s
+        for g in [g for g in groups if not g.isdisjoint(s)]:
+            groups.remove(g)
+            merged |= g
+        groups.append(merged)
+    return sorted(groups, key=CPUSet.min)
+
+
+def group_packages(facts: dict[int, CPUFacts]) -> tuple[tuple[Package, ...], dict[int, int]]:
+    """Packages and each CPU's package id."""
+    by_id: dict[int, set[int]] = {}
+    unnamed: list[CPUSet] = []
+    for f in facts.values():
+        if f.package_id is not None:
+            by_id.setdefault(f.package_id, set()).add(f.id)
+    named = {c: p for p, cpus in by_id.items() for c in cpus}
+    for f in facts.values():
+        if f.package_id is None:
+            # A CPU whose id is unusable joins a sibling's named package if it has one.
+            known = sorted(named[c] for c in f.package_siblings if c in named)
+            if known:
+                by_id[known[0]].add(f.id)
+            else:
+                unnamed.append(CPUSet(c for c in f.package_siblings if c not in named))
+    next_id = max(by_id, default=-1) + 1
+    for group in _partition(unnamed):
+        # A group of -1 CPUs gets a fresh id after every real one.
+        by_id[next_id] = set(group)
+        next_id += 1
+    packages = tuple(Package(id=p, cpus=CPUSet(cpus)) for p, cpus in sorted(by_id.items()))
+    owner = {c: p.id for p in packages for c in p.cpus}
+    return packages, owner
+
+
+def group_cores(facts: dict[int, CPUFacts], owner: dict[int, int]) -> tuple[Core, ...]:
+    """Physical cores, each identified by its SMT sibling set.
+
+    Quirk: ``core_id`` is not unique across packages, nor across the dies of
+    one package on kernels without ``die_id`` (AMD multi-die packages), so a
+    core is its sibling set, never its core_id.
+    """
+    cores = []
+    for group in _partition(f.siblings for f in facts.values()):
+        # A sibling set names CPUs of two packages only in a broken tree; it is
+        # then split so that every core stays inside one package.
+        parts: dict[int, list[int]] = {}
+        for c in group:
+            parts.setdefault(owner[c], []).append(c)
+        for package, members in parts.items():
+            lowest = facts[members[0]]
+            cores.append(
+                Core(
+                    id=lowest.id,
+                    package=package,
+                    die=lowest.die,
+                    core_id=lowest.core_id,
+                    cpus=CPUSet(members),
+                )
+            )
+    return tuple(sorted(cores, key=lambda core: core.id))
+
+
+def l3_groups(r: Reader, online: CPUSet) -> tuple[CacheGroup, ...]:
+    """L3 caches, from cache/index*/ of each online CPU.
+
+    A CPU already inside a known L3's shared_cpu_list is not read again, which
+    keeps discovery fast on large machines.
+    """
+    found: list[tuple[CPUSet, int | None, int | None]] = []
+    covered = CPUSet()
+    for cpu in online:
+        if cpu in covered:
+            continue
+        l3 = _l3_of(r, cpu, online)
+        if l3 is None:
+            continue
+        shared, cache_id, size = l3
+        shared = shared - covered  # sets must stay disjoint even if files disagree
+        found.append((shared, cache_id, size))
+        covered |= shared
+    found.sort(key=lambda g: g[0].min())
+    return tuple(
+        CacheGroup(id=i, cpus=cpus, cache_id=cache_id, size_kb=size)
+        for i, (cpus, cache_id, size) in enumerate(found)
+    )
+
+
+def _l3_of(r: Reader, cpu: int, online: CPUSet) -> tuple[CPUSet, int | None, int | None] | None:
+    base = f"{CPU_DIR}/cpu{cpu}/cache"
+    for name in r.fs.listdir(base):
+        if not _INDEX_NAME.fullmatch(name):
+            continue
+        if r.integer(f"{base}/{name}/level") != 3:
+            continue
+        kind = r.text(f"{base}/{name}/type")
+        if kind not in (None, "Unified", "Data"):
+            continue
+        shared = r.cpus(f"{base}/{name}/shared_cpu_list", f"{base}/{name}/shared_cpu_map")
+        me = CPUSet((cpu,))
+        return (
+            ((shared or me) & online) | me,
+            r.integer(f"{base}/{name}/id"),
+            _size_kb(r, f"{base}/{name}/size"),
+        )
+    return None
+
+
+def _size_kb(r: Reader, path: str) -> int | None:
+    text = r.text(path)
+    if text is None:
+        return None
+    units = {"K": 1, "M": 1024, "G": 1024 * 1024}
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].isalpha() else (text, "")
+    if not number.isdigit() or (unit and unit not in units):
+        r.note(path, f"not a cache size: {text[:40]!r} (ignored)")
+        return None
+    # A bare number is bytes; sysfs writes "32768K".
+    return int(number) * units[unit] if unit else int(number) // 1024

@@ -1,0 +1,36 @@
+"""Shared fixtures: the recorded machines, unpacked once per test session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.topology.record import load_fixture
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+CATALOGUE: list[dict[str, Any]] = json.loads((FIXTURES / "catalogue.json").read_text())
+MACHINES = {entry["name"]: entry for entry in CATALOGUE}
+
+
+class Machines:
+    """Unpacks recorded machines on first use into one session directory."""
+
+    def __init__(self, base: Path) -> None:
+        self._base = base
+        self._roots: dict[str, Path] = {}
+
+    def root(self, name: str) -> Path:
+        if name not in self._roots:
+            archive = MACHINES[name]["archive"] if name in MACHINES else f"{name}.tar.gz"
+            dest = self._base / name
+            dest.mkdir()
+            self._roots[name] = load_fixture(FIXTURES / archive, dest)
+        return self._roots[name]
+
+
+@pytest.fixture(scope="session")
+def machines(tmp_path_factory: pytest.TempPathFactory) -> Machines:
+    return Machines(tmp_path_factory.mktemp("machines"))
