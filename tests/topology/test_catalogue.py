@@ -119,3 +119,17 @@ def test_model_is_consistent(topologies: dict[str, Topology], name: str) -> None
     for node in topo.nodes:
         assert node.cpus.issubset(topo.online_cpus)
         assert all(topo.cpu(c).node == node.id for c in node.cpus)
+
+
+def test_development_machine_recording(machines: Machines) -> None:
+    """The recording of this project's development machine (numad record-fixture):
+    a 2-vCPU VM, one node, virtio PCI devices whose numa_node is -1."""
+    topo = discover(HostFS(machines.root("devmachine-2c1n")))
+    assert list(topo.online_cpus) == [0, 1]
+    assert [list(p.cpus) for p in topo.packages] == [[0, 1]]
+    assert [list(c.cpus) for c in topo.cores] == [[0], [1]]
+    assert [(n.id, list(n.cpus), n.memory_total_kb) for n in topo.nodes] == [(0, [0, 1], 22767820)]
+    assert topo.distance(0, 0) == 10
+    assert len(topo.pci_devices) == 6
+    assert all(d.numa_node is None for d in topo.pci_devices)
+    assert topo.devices_of_node(None) == topo.pci_devices
