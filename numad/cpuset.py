@@ -96,14 +96,16 @@ class _IdSet:
     def format_list(self) -> str:
         """The kernel list format, ranges merged: ``0-3,8``."""
         parts: list[str] = []
-        bits = self._bits
-        while bits:
-            lo = (bits & -bits).bit_length() - 1
-            run = (~(bits >> lo)) & ((bits >> lo) + 1)  # lowest zero above the run
-            width = run.bit_length() - 1
-            hi = lo + width - 1
+        lo = hi = -2
+        for i in self:
+            if i == hi + 1:
+                hi = i
+                continue
+            if hi >= 0:
+                parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
+            lo = hi = i
+        if hi >= 0:
             parts.append(str(lo) if lo == hi else f"{lo}-{hi}")
-            bits &= ~(((1 << width) - 1) << lo)
         return ",".join(parts)
 
     def format_mask(self) -> str:
@@ -119,10 +121,20 @@ class _IdSet:
 
     def __iter__(self) -> Iterator[int]:
         bits = self._bits
-        while bits:
-            low = bits & -bits
-            yield low.bit_length() - 1
-            bits ^= low
+        if bits.bit_length() <= 256:
+            while bits:
+                low = bits & -bits
+                yield low.bit_length() - 1
+                bits ^= low
+            return
+        # Large masks: scan the bytes once (bit tricks on a huge int are quadratic).
+        data = bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+        for index, byte in enumerate(data):
+            rest = byte
+            while rest:
+                low = rest & -rest
+                yield index * 8 + low.bit_length() - 1
+                rest ^= low
 
     def sorted(self) -> tuple[int, ...]:
         return tuple(self)

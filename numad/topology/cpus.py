@@ -43,7 +43,11 @@ def cpu_ids(r: Reader) -> tuple[CPUSet, CPUSet]:
         # Quirk: old kernels have no cpu/online list; each CPU then has its own
         # cpuN/online flag, except the boot CPU (not hot-pluggable), which has none.
         online = CPUSet(c for c in known if r.integer(f"{CPU_DIR}/cpu{c}/online") != 0)
-    return known | online, online
+    if not online.issubset(known):
+        # Only a CPU with a directory has a topology to read.
+        r.note(f"{CPU_DIR}/online", f"names cpus {online - known} that have no directory (ignored)")
+        online &= known
+    return known, online
 
 
 def cpu_facts(r: Reader, cpu: int, online: CPUSet) -> CPUFacts:

@@ -77,7 +77,7 @@ def _nodes(r: Reader, known: CPUSet, online: CPUSet) -> tuple[tuple[NumaNode, ..
         return (node_discovery.uma_node(r, online),), dict.fromkeys(known, 0)
     node_of: dict[int, int] = {}
     for node in ids:
-        for c in node_discovery.node_cpus(r, node):
+        for c in node_discovery.node_cpus(r, node) & known:
             if c in node_of:
                 r.note(f"{node_discovery.NODE_DIR}/node{node}/cpulist", f"cpu {c} is in two nodes")
                 continue
