@@ -7,6 +7,7 @@ missing yields ``None``; a value that is present but unusable also yields
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from numad.cpuset import CPUSet, _IdSet
@@ -46,24 +47,20 @@ class Reader:
 
     def id_list(self, path: str, kind: type[_S]) -> _S | None:
         """A list-format set (``0-3,8``)."""
-        text = self.text(path)
-        if text is None:
-            return None
-        try:
-            return kind.parse_list(text)
-        except ValueError as err:
-            self.note(path, f"unreadable list ({err}; ignored)")
-            return None
+        return self._id_set(path, kind.parse_list, "list")
 
     def id_mask(self, path: str, kind: type[_S]) -> _S | None:
         """A hex-mask set (``0000ffff,ffffffff``), the format of old kernels."""
+        return self._id_set(path, kind.parse_mask, "mask")
+
+    def _id_set(self, path: str, parse: Callable[[str], _S], form: str) -> _S | None:
         text = self.text(path)
         if text is None:
             return None
         try:
-            return kind.parse_mask(text)
+            return parse(text)
         except ValueError as err:
-            self.note(path, f"unreadable mask ({err}; ignored)")
+            self.note(path, f"unreadable {form} ({err}; ignored)")
             return None
 
     def cpus(self, list_path: str, mask_path: str | None = None) -> CPUSet | None:
