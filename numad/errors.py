@@ -35,3 +35,7 @@ class TopologyError(NumadError):
 
 class FixtureError(NumadError):
     """A recorded machine could not be written or read."""
+
+
+class ConfigError(NumadError):
+    """A configuration value (option, policy, spec field) is invalid."""
