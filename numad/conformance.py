@@ -21,6 +21,7 @@ from typing import Any
 from numad.cpuset import NodeSet
 from numad.errors import NumadError
 from numad.hints import Hint, ProviderHints
+from numad.managers.cpu.conformance import cpu_case
 from numad.merge import Strategy
 from numad.policy import Machine, Policy, PolicyOptions, merge
 
@@ -82,7 +83,12 @@ def _provider(raw: Mapping[str, list[dict[str, Any]] | None]) -> ProviderHints:
     }
 
 
-RUNNERS: dict[str, Callable[[Case], Callable[[], dict[str, Any]]]] = {"merge": merge_case}
+RUNNERS: dict[str, Callable[[Case], Callable[[], dict[str, Any]]]] = {
+    "merge": merge_case,
+    "take": cpu_case,
+    "hints": cpu_case,
+    "reserve": cpu_case,
+}
 
 
 def kind_of(case: Case) -> str:

@@ -39,3 +39,7 @@ class FixtureError(NumadError):
 
 class ConfigError(NumadError):
     """A configuration value (option, policy, spec field) is invalid."""
+
+
+class AllocationError(NumadError):
+    """Resources could not be allocated (not enough free, or an alignment check failed)."""

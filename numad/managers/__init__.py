@@ -1,0 +1,1 @@
+"""Hint providers: the CPU, memory and device managers."""

@@ -1,0 +1,1 @@
+"""The CPU manager (static policy): topology view, allocators, hints, reserved CPUs."""
