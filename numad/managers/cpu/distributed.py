@@ -53,7 +53,10 @@ def take_distributed(
         return acc.result
     if acc.failed():
         raise not_enough(count, available.bit_count())
-    numas = acc.numa_order()
+    # A NUMA node that spans sockets is listed once per socket in socket-first
+    # order; the kubelet then pairs a node with itself, subtracts its share
+    # twice and can loop forever. Each node is a candidate once.
+    numas = list(dict.fromkeys(acc.numa_order()))
     low, high = _numa_range(topo, acc, g, len(numas))
     if low < min_numas_from_hint <= high:
         low = min_numas_from_hint  # the hint's NUMA count is a floor when feasible
@@ -141,12 +144,17 @@ def _best_remainder(
             trial = dict(after)
             left = remainder
             while left > 0:
+                before = left
                 for n in subset:
                     if left == 0:
                         break
                     if trial[n] >= g:
                         trial[n] -= g
                         left -= g
+                if left == before:  # nothing more to hand out: never spin
+                    break
+            if left > 0:
+                continue
             balance = _balance(trial.values())
             if balance < best_balance:
                 best_balance, best_subset = balance, subset

@@ -62,9 +62,13 @@ class Accumulator:
         return self.needed >= n
 
     def take(self, cpus: int) -> None:
-        self.result |= cpus
-        self.free &= ~cpus
-        self.needed -= cpus.bit_count()
+        # Only CPUs not taken yet count. The kubelet counts a CPU again when an
+        # order lists it twice (a NUMA node spanning sockets lists their cores
+        # under each node) and then returns fewer CPUs than asked for.
+        new = cpus & ~self.result
+        self.result |= new
+        self.free &= ~new
+        self.needed -= new.bit_count()
 
     def take_whole(self, domain: int) -> None:
         """Take a whole domain, but only if all of it is free (numad's fix of 13.0)."""
