@@ -12,7 +12,8 @@ from resource name to a hint list, where (as in the kubelet):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from numad.cpuset import NodeSet
@@ -68,3 +69,23 @@ def flatten(providers: Sequence[ProviderHints]) -> tuple[HintList, ...]:
             else:
                 lists.append(HintList(index, resource, tuple(given), tuple(given)))
     return tuple(lists)
+
+
+def subset_sums(values: Sequence[int]) -> list[int]:
+    """``sums[m]`` = sum of ``values[i]`` for every bit i of m, for all 2^n masks m."""
+    sums = [0] * (1 << len(values))
+    for m in range(1, len(sums)):
+        low = m & -m
+        sums[m] = sums[m ^ low] + values[low.bit_length() - 1]
+    return sums
+
+
+def masks_in_kubelet_order(n: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Every non-empty subset of positions 0..n-1 as (bit mask, positions): by width,
+    then lexicographically, as the kubelet's providers enumerate NUMA masks."""
+    for width in range(1, n + 1):
+        for combo in itertools.combinations(range(n), width):
+            mask = 0
+            for i in combo:
+                mask |= 1 << i
+            yield mask, combo
