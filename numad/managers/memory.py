@@ -12,14 +12,19 @@ Where numad does better than the kubelet:
   ``MemoryState.conflicts`` instead of making the state unusable.
 * Release gives back exactly the per-node split that allocation took.
 * Hugepages: where the kernel's free page count per node is known
-  (``kernel_free``), a node never counts more free hugepages than the kernel
-  has, so pages used outside numad are seen.
+  (``observe``), a node never counts more free hugepages than the kernel has,
+  less what numad handed out since the reading, so pages used outside numad
+  are seen.
+* Nodes without memory never appear in a memory hint, and a merged affinity's
+  memory-less nodes are dropped before allocation: the kubelet lists them and
+  then groups their neighbour with them, which keeps that neighbour from
+  serving single-NUMA requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from numad.cpuset import NodeSet
@@ -128,6 +133,17 @@ class MemoryState:
     table: MemoryTable
     blocks: Mapping[Key, tuple[Block, ...]] = field(default_factory=lambda: MappingProxyType({}))
     kernel_free: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    # What numad itself held of each pool when the kernel's free count was read.
+    kernel_base: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def observe(self, kernel_free: Mapping[tuple[int, str], int]) -> MemoryState:
+        """The kernel's free bytes per (node, hugepage resource), read now."""
+        base = {k: self.used(*k) for k in kernel_free}
+        return replace(
+            self,
+            kernel_free=MappingProxyType(dict(kernel_free)),
+            kernel_base=MappingProxyType(base),
+        )
 
     # -- derived tables ------------------------------------------------------------
 
@@ -143,8 +159,11 @@ class MemoryState:
 
     def free(self, node: int, resource: str) -> int:
         free = self.table.allocatable(node, resource) - self.used(node, resource)
-        if resource != MEMORY and (node, resource) in self.kernel_free:
-            free = min(free, self.kernel_free[(node, resource)])
+        key = (node, resource)
+        if resource != MEMORY and key in self.kernel_free:
+            # Pages numad handed out since the reading are gone from the kernel's count too.
+            since = self.used(node, resource) - self.kernel_base.get(key, 0)
+            free = min(free, self.kernel_free[key] - since)
         return max(0, free)
 
     def groups(self, node: int) -> set[NodeSet]:
@@ -152,15 +171,18 @@ class MemoryState:
         return {blk.nodes for blocks in self.blocks.values() for blk in blocks if node in blk.nodes}
 
     def conflicts(self) -> list[str]:
-        """Nodes and resources where the blocks hold more than the machine now allows."""
+        """Nodes and resources where the blocks hold more than the machine now allows
+        (a node that is gone allows nothing)."""
+        held = {
+            (n, blk.resource) for bl in self.blocks.values() for blk in bl for n, _ in blk.split
+        }
         found = []
-        for node in self.table.nodes:
-            for resource in {blk.resource for bl in self.blocks.values() for blk in bl}:
-                over = self.used(node, resource) - self.table.allocatable(node, resource)
-                if over > 0:
-                    found.append(
-                        f"node {node} {resource}: {over} bytes more allocated than allocatable"
-                    )
+        for node, resource in sorted(held):
+            over = self.used(node, resource) - self.table.allocatable(node, resource)
+            if over > 0:
+                found.append(
+                    f"node {node} {resource}: {over} bytes more allocated than allocatable"
+                )
         return found
 
     def mems(self, key: Key) -> NodeSet:
@@ -188,7 +210,12 @@ class MemoryState:
         wanted = {r: v for r, v in request.items() if v > 0}
         if not wanted:
             return None
-        nodes = self.table.nodes
+        # Unlike the kubelet, nodes with no capacity for any requested resource
+        # (memory-less nodes) are left out: in a mask they add nothing but a
+        # group that would keep their neighbour from serving single-NUMA requests.
+        nodes = tuple(
+            n for n in self.table.nodes if any(self.table.allocatable(n, r) for r in wanted)
+        )
         allocatable = {
             r: subset_sums([self.table.allocatable(n, r) for n in nodes]) for r in wanted
         }
@@ -217,11 +244,11 @@ class MemoryState:
             return self
         subject = f"{key[0]}/{key[1]}"
         hints = (self.hints(wanted) or {}).get(next(iter(wanted)), ())
-        mask = (
-            affinity
-            if affinity is not None
-            else _best(hints, subject, "get the default NUMA affinity")
-        )
+        if affinity is not None:  # memory-less nodes of the merged affinity hold nothing
+            affinity = NodeSet(
+                n for n in affinity if any(self.table.allocatable(n, r) for r in wanted)
+            )
+        mask = affinity or _best(hints, subject, "get the default NUMA affinity")
         if any(sum(self.free(n, r) for n in mask) < v for r, v in wanted.items()):
             wider = tuple(h for h in hints if h.affinity is not None and mask.issubset(h.affinity))
             mask = _best(wider, subject, "find NUMA nodes to extend the current topology hint")
@@ -246,7 +273,7 @@ class MemoryState:
             blocks.append(Block(resource, mask, tuple(split)))
         new_blocks = dict(self.blocks)
         new_blocks[key] = tuple(blocks)
-        return MemoryState(self.table, MappingProxyType(new_blocks), self.kernel_free)
+        return replace(self, blocks=MappingProxyType(new_blocks))
 
     def release(self, workload: str, container: str | None = None) -> MemoryState:
         kept = {
@@ -254,7 +281,7 @@ class MemoryState:
             for k, v in self.blocks.items()
             if not (k[0] == workload and container in (None, k[1]))
         }
-        return MemoryState(self.table, MappingProxyType(kept), self.kernel_free)
+        return replace(self, blocks=MappingProxyType(kept))
 
 
 def _best(hints: Sequence[Hint], subject: str, what: str) -> NodeSet:
