@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from numad import __version__
+from numad.commands import add_commands
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     _add_topology(sub)
     _add_record(sub)
+    add_commands(sub)
     return parser
 
 

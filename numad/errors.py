@@ -43,3 +43,19 @@ class ConfigError(NumadError):
 
 class AllocationError(NumadError):
     """Resources could not be allocated (not enough free, or an alignment check failed)."""
+
+
+class CheckpointError(NumadError):
+    """numad's own checkpoint could not be written or read."""
+
+
+class WorkloadError(NumadError):
+    """A request names a workload that does not exist, or one that already does."""
+
+
+class CgroupError(NumadError):
+    """A cgroup path is invalid or leaves the managed roots, or a cgroup file failed."""
+
+
+class SpecError(NumadError):
+    """A workload spec or Pod manifest is invalid; the subject is the workload (or file)."""

@@ -1,0 +1,232 @@
+"""The daemon's commands: ``serve`` and the clients ``admit``, ``release``, ``list``,
+``show``, ``explain``, ``plan``, ``run``.
+
+Edge module, registered by ``numad.cli``. ``serve --root DIR`` runs the whole
+daemon on a recorded machine: host files under DIR, and, where DIR has no
+cgroup hierarchy, a scratch cgroup v2 tree under DIR/sys/fs/cgroup whose
+effective files the scratch backend computes as the kernel would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from numad.api.client import request
+from numad.api.server import Server, outcome_json
+from numad.cgroup import detect_backend, make_scratch_v2
+from numad.config import Config, Paths, load
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon import Daemon
+from numad.errors import ConfigError
+from numad.hostfs import HostFS
+from numad.topology.discover import discover
+
+RECONCILE_SECONDS = 10.0
+_FORMATS = {
+    ".json": "application/json",
+    ".toml": "application/toml",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+}
+
+
+def add_commands(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run the daemon", description="Run the numad daemon.")
+    serve.add_argument("--config", type=Path, help="config file (default /etc/numad/numad.toml)")
+    serve.add_argument("--root", metavar="DIR", help="run on the (recorded) machine under DIR")
+    serve.add_argument("--socket", help="API socket path")
+    serve.set_defaults(command=_serve)
+
+    for name, helptext in (
+        ("admit", "admit a workload spec"),
+        ("plan", "show what admitting a spec would do"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument(
+            "spec", type=Path, help="a workload spec (.toml, .json) or a Pod manifest (.yaml)"
+        )
+        p.add_argument("--socket", help="API socket path")
+        if name == "plan":
+            p.add_argument("--root", metavar="DIR", help="plan offline on the machine under DIR")
+            p.add_argument("--config", type=Path, help="config file for an offline plan")
+            p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(command=_admit if name == "admit" else _plan)
+    for name, helptext in (
+        ("release", "release a workload"),
+        ("show", "show a workload"),
+        ("explain", "explain a workload's placement"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("name")
+        p.add_argument("--socket", help="API socket path")
+        p.set_defaults(command=_by_name, verb=name)
+    lst = sub.add_parser("list", help="list admitted workloads")
+    lst.add_argument("--socket", help="API socket path")
+    lst.set_defaults(command=_list)
+    run = sub.add_parser("run", help="admit a transient workload and run a command in it")
+    run.add_argument("--cpus", type=int, default=1)
+    run.add_argument("--memory", default=None)
+    run.add_argument("--device", action="append", default=[], metavar="CLASS=N")
+    run.add_argument("--socket", help="API socket path")
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    run.set_defaults(command=_run)
+
+
+def _socket(args: argparse.Namespace, config: Config | None = None) -> str:
+    return str(getattr(args, "socket", None) or (config or Config()).paths.socket)
+
+
+# -- serve ----------------------------------------------------------------------------------
+
+
+def build(config: Config, root: str | None) -> Daemon:
+    """The daemon for the host (root None) or for the recorded machine under ``root``."""
+    log = structlog.get_logger("numad")
+    if root is None:
+        fs = HostFS("/")
+        cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
+        return Daemon(config, fs, cgroups, Path(config.paths.state_dir), log)
+    base = Path(root).resolve()
+    fs = HostFS(base)
+    cgroup_root = base / config.paths.cgroup_root.lstrip("/")
+    if not (cgroup_root / "cgroup.controllers").exists():
+        topo = discover(fs)
+        make_scratch_v2(
+            cgroup_root, topo.online_cpus, NodeSet(n.id for n in topo.nodes if n.memory_total_kb)
+        )
+    cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
+    paths = replace(
+        config.paths,
+        state_dir=str(base / config.paths.state_dir.lstrip("/")),
+        socket=str(base / config.paths.socket.lstrip("/")),
+    )
+    return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    daemon = build(config, args.root)
+    daemon.start()
+    server = Server(args.socket or daemon.config.paths.socket, daemon)
+    stop = threading.Event()
+
+    def shutdown(_sig: int, _frame: object) -> None:
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
+    daemon.log.info("api_listening", socket=server.server_address)
+    server.serve_forever(poll_interval=0.5)
+    server.server_close()
+    daemon.log.info("daemon_stopped")
+    return 0
+
+
+def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
+    while not stop.wait(RECONCILE_SECONDS):
+        daemon.reconcile()
+
+
+# -- clients ------------------------------------------------------------------------------------
+
+
+def _read_spec(path: Path) -> tuple[str, str]:
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(str(path), "unknown spec format", "use .toml, .json or .yaml")
+    return path.read_text(encoding="utf-8"), kind
+
+
+def _print(data: dict[str, Any]) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _admit(args: argparse.Namespace) -> int:
+    text, kind = _read_spec(args.spec)
+    _print(request(_socket(args), "POST", "/v1/workloads", text, content_type=kind))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    text, kind = _read_spec(args.spec)
+    if args.root is None and args.config is None and os.path.exists(_socket(args)):
+        result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
+    else:
+        with tempfile.TemporaryDirectory(prefix="numad-plan-") as scratch:
+            config = load(args.config)
+            config = replace(config, paths=replace(config.paths, state_dir=scratch))
+            daemon = build(config, args.root)
+            daemon.cgroups = _NoCgroups()
+            daemon.start()
+            result = outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))
+    if args.json:
+        _print(result)
+    else:
+        print(result["explanation"] or result["detail"])
+        for name, c in result["containers"].items():
+            cpus, mems = c["cpus"] or "(shared pool)", c["mems"] or "(any)"
+            print(f"  {name}: cpus {cpus} mems {mems} devices {c['devices']}")
+    return 0 if result["admitted"] else 3
+
+
+class _NoCgroups:
+    """An offline plan writes nothing."""
+
+    def exists(self, path: str) -> bool:
+        return False
+
+    def ensure(self, path: str) -> None:
+        return None
+
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        return None
+
+
+def _by_name(args: argparse.Namespace) -> int:
+    if args.verb == "release":
+        _print(request(_socket(args), "DELETE", f"/v1/workloads/{args.name}"))
+    elif args.verb == "explain":
+        _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}/explain"))
+    else:
+        _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}"))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    _print(request(_socket(args), "GET", "/v1/workloads"))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = [c for c in args.cmd if c != "--"]
+    if not cmd:
+        raise SystemExit("numad run: give a command after --")
+    name = f"run-{os.getpid()}"
+    spec: dict[str, Any] = {
+        "name": name,
+        "cgroup": f"{Paths().managed_roots[0]}/{name}",
+        "cpus": args.cpus,
+    }
+    if args.memory:
+        spec["memory"] = args.memory
+    if args.device:
+        spec["devices"] = {k: int(v) for k, v in (d.split("=", 1) for d in args.device)}
+    # Join the cgroup first, so that the daemon applies the cpuset at admission.
+    procs = Path(Config().paths.cgroup_root) / spec["cgroup"] / "cgroup.procs"
+    procs.parent.mkdir(parents=True, exist_ok=True)
+    procs.write_text(str(os.getpid()))
+    request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
+    os.execvp(cmd[0], cmd)  # noqa: S606 - `numad run` replaces itself with the user's command
+    return 0  # not reached

@@ -1,0 +1,303 @@
+"""The composition root: builds every part, owns the state, orders the writes.
+
+The only module that calls more than one stage. Every change follows the
+same sequence under one lock: decide (pure) -> checkpoint (atomic) ->
+cgroups, ordered so that no CPU is ever in two exclusive sets (DESIGN
+invariant 4): shared-pool cgroups shrink before exclusive CPUs are granted,
+and on release exclusive CPUs are taken back before the pool grows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from numad import state
+from numad.admission import Books, Engine, Outcome, admit, placements, release
+from numad.config import Config
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import AllocationError, NumadError, WorkloadError
+from numad.hostfs import HostFS
+from numad.managers.cpu.state import CPUState
+from numad.managers.cpu.static import StaticOptions, StaticPolicy
+from numad.managers.cpu.topology import CPUTopology
+from numad.managers.device import DeviceInventory, DeviceState
+from numad.managers.memory import MemoryState, MemoryTable
+from numad.policy import Machine, check_machine, parse_options
+from numad.spec import WorkloadSpec, parse_spec
+from numad.topology.discover import discover
+from numad.topology.model import Topology
+
+
+class Cgroups(Protocol):
+    def exists(self, path: str) -> bool: ...
+    def ensure(self, path: str) -> None: ...
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
+
+
+class Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    spec: WorkloadSpec
+    outcome: Outcome
+
+
+class Daemon:
+    def __init__(
+        self, config: Config, fs: HostFS, cgroups: Cgroups, state_dir: Path, log: Log
+    ) -> None:
+        self.config = config
+        self.fs = fs
+        self.cgroups = cgroups
+        self.state_dir = state_dir
+        self.log = log
+        self.lock = threading.RLock()
+        self.ready = False
+        self.specs: dict[str, WorkloadSpec] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.problems: list[str] = []
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.topology = discover(self.fs)
+        view = CPUTopology.from_topology(self.topology)
+        options = parse_options(self.config.policy, self.config.topology_options)
+        machine = Machine(self.topology.node_ids, self._distances(self.topology))
+        check_machine(self.config.policy, options, machine)
+        cpu_options = StaticOptions.parse(self.config.cpu_options)
+        cpu_options.check(view, str(self.config.policy))
+        self.cpu_policy = StaticPolicy(view, cpu_options)
+        explicit = self.config.reserved_cpus
+        count = len(CPUSet.parse_list(explicit)) if explicit else self.config.reserved_count
+        reserved = self.cpu_policy.reserve(
+            count, None if explicit is None else CPUSet.parse_list(explicit).bits
+        )
+        self.engine = Engine(
+            machine,
+            self.cpu_policy,
+            self.config.policy,
+            options,
+            self.config.scope,
+            self.config.memory_static,
+        )
+        self.empty = Books(
+            CPUState(view.all, reserved, cpu_options.strict_reservation),
+            MemoryState(MemoryTable.build(self.topology, self.config.memory_reserved)),
+            DeviceState(DeviceInventory.build(self.topology, self.config.device_classes)),
+        )
+        self.books = self._restore()
+        self._checkpoint()
+        self.reconcile()
+        self.ready = True
+        self.log.info(
+            "daemon_started", workloads=len(self.specs), reserved=str(CPUSet.from_bits(reserved))
+        )
+
+    @staticmethod
+    def _distances(topo: Topology) -> Mapping[int, Mapping[int, int]] | None:
+        if any(n.distances is None for n in topo.nodes):
+            return None
+        return {n.id: dict(n.distances or {}) for n in topo.nodes}
+
+    def _restore(self) -> Books:
+        checkpoint, problem = state.read(self.state_dir)
+        if problem:
+            self.problems.append(problem)
+            self.log.error("checkpoint_unreadable", problem=problem)
+        books = self.empty
+        if checkpoint is None:
+            return books
+        for name, record in sorted(checkpoint.workloads.items()):
+            try:
+                spec = parse_spec(json.dumps(record.spec), "json", **self._spec_args())
+                books = self._place(books, name, record)
+            except NumadError as err:
+                self.problems.append(f"{name}: dropped on restart: {err}")
+                self.log.error("workload_dropped", workload=name, problem=str(err))
+                continue
+            self.specs[name] = spec
+        return books
+
+    def _place(self, books: Books, name: str, record: state.Record) -> Books:
+        """Put a recorded workload back exactly where it was, if that is still valid."""
+        cpu = books.cpu
+        taken = cpu.exclusive
+        assignments = dict(cpu.assignments)
+        for container, listed in record.cpus.items():
+            cpus = CPUSet.parse_list(listed).bits
+            if cpus & ~cpu.online or cpus & cpu.reserved or cpus & taken:
+                raise AllocationError(
+                    f"{name}/{container}", f"recorded cpus {listed} are no longer free and online"
+                )
+            assignments[(name, container)] = cpus
+        blocks = dict(books.memory.blocks)
+        for container, raw in record.memory.items():
+            blocks[(name, container)] = state.restore_blocks(raw)
+        held = dict(books.devices.held)
+        for container, per_class in record.devices.items():
+            for cls, addresses in per_class.items():
+                known = {d.address for d in books.devices.inventory.classes.get(cls, ())}
+                if not set(addresses) <= known - books.devices.in_use(cls):
+                    raise AllocationError(
+                        f"{name}/{container}", f"recorded {cls} devices are gone or taken"
+                    )
+            held[(name, container)] = {k: tuple(v) for k, v in per_class.items()}
+        restored = Books(
+            CPUState(cpu.online, cpu.reserved, cpu.strict, assignments),
+            replace(books.memory, blocks=blocks),
+            DeviceState(books.devices.inventory, held),
+        )
+        if restored.memory.conflicts():
+            raise AllocationError(name, "; ".join(restored.memory.conflicts()))
+        return restored
+
+    def _spec_args(self) -> dict[str, Any]:
+        return {
+            "managed_roots": self.config.paths.managed_roots,
+            "device_classes": [c.name for c in self.config.device_classes],
+        }
+
+    def _checkpoint(
+        self, books: Books | None = None, specs: Mapping[str, WorkloadSpec] | None = None
+    ) -> None:
+        books = books or self.books
+        specs = self.specs if specs is None else specs
+        records = {
+            name: state.record_of(books, name, spec.to_dict()) for name, spec in specs.items()
+        }
+        state.write(
+            self.state_dir,
+            state.Checkpoint(CPUSet.from_bits(books.cpu.reserved).format_list(), records),
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def parse(self, text: str, fmt: str) -> WorkloadSpec:
+        return parse_spec(text, fmt, **self._spec_args())  # type: ignore[arg-type]
+
+    def plan(self, spec: WorkloadSpec) -> Outcome:
+        with self.lock:
+            _, outcome = admit(self.engine, self.books, spec.to_request())
+            return outcome
+
+    def admit(self, spec: WorkloadSpec) -> Outcome:
+        with self.lock:
+            if spec.name in self.specs:
+                raise WorkloadError(spec.name, "is already admitted", "release it first")
+            books, outcome = admit(self.engine, self.books, spec.to_request())
+            if not outcome.admitted:
+                self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
+                return outcome
+            specs = {**self.specs, spec.name: spec}
+            self._checkpoint(books, specs)  # invariant 3: before any cgroup change
+            old_pool = self.books.cpu.shared_pool
+            self.books, self.specs = books, specs
+            self.outcomes[spec.name] = outcome
+            self._apply_shared(old_pool & books.cpu.shared_pool)  # shrink the pool first
+            self._apply_workload(spec.name)
+            self.log.info("admission_accepted", workload=spec.name)
+            return outcome
+
+    def release(self, name: str) -> None:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            spec = self.specs[name]
+            books = release(self.books, name)
+            specs = {k: v for k, v in self.specs.items() if k != name}
+            self._checkpoint(books, specs)
+            old_pool = self.books.cpu.shared_pool
+            self.books, self.specs = books, specs
+            # Take the exclusive CPUs back (the released cgroups get the old pool),
+            # then grow every shared cgroup to the new pool.
+            for container in spec.containers:
+                self._write(spec.container_cgroup(container), old_pool, None)
+            self._apply_shared(books.cpu.shared_pool)
+            self.log.info("workload_released", workload=name)
+
+    def explain(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            outcome = self.outcomes.get(name)
+            why = None if outcome is None else outcome.explanation
+            if why is None:
+                return {
+                    "explanation": "restored from the checkpoint; placed before this start",
+                    "conflict": [],
+                }
+            return {"explanation": why.text(), "conflict": list(why.conflict)}
+
+    def show(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            spec = self.specs[name]
+            held = placements(self.books, name)
+            return {
+                "name": name,
+                "cgroup": spec.cgroup,
+                "containers": {
+                    c.name: {
+                        "cgroup": spec.container_cgroup(c),
+                        "cpus": (
+                            held[c.name].cpus
+                            if c.name in held and held[c.name].cpus
+                            else CPUSet.from_bits(self.books.cpu.shared_pool)
+                        ).format_list(),
+                        "exclusive": bool(c.name in held and held[c.name].cpus),
+                        "mems": held[c.name].mems.format_list() if c.name in held else "",
+                        "devices": {k: list(v) for k, v in held[c.name].devices.items()}
+                        if c.name in held
+                        else {},
+                    }
+                    for c in spec.containers
+                },
+            }
+
+    # -- enforcement ---------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Write every managed cgroup that exists (a new one is applied when it appears)."""
+        with self.lock:
+            self._apply_shared(self.books.cpu.shared_pool)
+            for name in self.specs:
+                self._apply_workload(name)
+
+    def _apply_workload(self, name: str) -> None:
+        spec = self.specs[name]
+        held = placements(self.books, name)
+        for c in spec.containers:
+            placement = held.get(c.name)
+            if placement is not None and placement.cpus:
+                self._write(spec.container_cgroup(c), placement.cpus.bits, placement.mems or None)
+            else:
+                mems = placement.mems if placement is not None and placement.mems else None
+                self._write(spec.container_cgroup(c), self.books.cpu.shared_pool, mems)
+
+    def _apply_shared(self, pool: int) -> None:
+        for name, spec in self.specs.items():
+            held = placements(self.books, name)
+            for c in spec.containers:
+                placement = held.get(c.name)
+                if placement is None or not placement.cpus:
+                    self._write(spec.container_cgroup(c), pool, None)
+
+    def _write(self, path: str, cpus: int, mems: NodeSet | None) -> None:
+        try:
+            if not self.cgroups.exists(path):
+                return  # applied when the cgroup appears (next reconcile)
+            self.cgroups.ensure(path)
+            self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
+        except NumadError as err:
+            self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))

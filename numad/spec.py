@@ -1,0 +1,683 @@
+"""Workload specs: numad's own shape (TOML, JSON) and Kubernetes Pod manifests (YAML).
+
+The input edge of admission. Text is parsed once, here, into a validated
+``WorkloadSpec``; only ``load_spec`` opens a file. Names and cgroup paths are
+checked before anything uses them, and every cgroup stays inside a managed root
+(DESIGN section 5, invariant 5). Bad input of any shape becomes a ``SpecError``
+naming the workload (or the file) and the field (invariant 6).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import ROUND_CEILING, Context, Decimal
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+
+from numad.admission import ContainerRequest, WorkloadRequest
+from numad.errors import ConfigError, SpecError
+from numad.managers.cpu.state import ContainerKind
+from numad.managers.memory import MEMORY, hugepage_resource
+from numad.policy import Policy
+
+Format = Literal["toml", "json", "yaml"]
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_CPUS = 4096
+MAX_BYTES = (1 << 63) - 1
+MAX_DEVICES = 1 << 16
+MAX_CGROUP_PATH = 1024
+DEFAULT_MANAGED_ROOTS = ("numad.slice",)
+DEFAULT_CONTAINER = "main"
+CGROUP_ANNOTATION = "numad.io/cgroup"
+POLICY_ANNOTATION = "numad.io/topology-policy"
+
+FORMATS: Mapping[str, Format] = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_NAME_HINT = "use 1 to 63 of a-z 0-9 . _ -, starting with a letter or digit"
+# Directory names as systemd units and plain tools spell them, without the
+# backslash of systemd's escapes; "." and ".." are refused on their own.
+_COMPONENT = re.compile(r"[A-Za-z0-9_.:@+-]{1,255}")
+_PATH_HINT = "give a relative path of names, like numad.slice/db.service"
+_DEVICE_CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
+# Kubernetes quantities: a decimal number, then a binary or decimal suffix or
+# a decimal exponent ("32Gi", "1.5G", "500m", "1e9").
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[eE](?P<exponent>[0-9]{1,2})|(?P<suffix>[KMGTPE]i|[mkMGTPE]))?"
+)
+_SCALE = {
+    "m": Decimal("0.001"),
+    **{s: Decimal(1000**i) for i, s in enumerate("kMGTPE", 1)},
+    **{f"{s}i": Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
+}
+_EXACT = Context(prec=200)  # no rounding at any size a quantity string can spell
+_CPU_TEXT = re.compile(r"(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)(?P<milli>m?)")
+_CPUS_HINT = 'use an integer for exclusive CPUs, or "500m" or 0.5 for the shared pool'
+_BYTES_HINT = "use bytes or a suffix like 32Gi"
+_HUGEPAGES = "hugepages-"
+_NOT_DEVICES = frozenset({"cpu", MEMORY, "ephemeral-storage", "storage"})
+_TOP_FIELDS = ("name", "cgroup", "policy", "containers", "cpus", "memory", "devices")
+_CONTAINER_FIELDS = ("name", "cgroup", "kind", "cpus", "memory", "devices")
+_RESOURCE_FIELDS = frozenset({"cpus", "memory", "devices"})
+_POLICIES = frozenset(p.value for p in Policy)
+_KINDS = frozenset(k.value for k in ContainerKind)
+
+
+def _frozen(values: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(sorted(values.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    name: str
+    cgroup: str  # relative to the workload's cgroup; "" is the workload cgroup itself
+    exclusive_cpus: int = 0
+    shared_millicpus: int = 0  # a request on the shared pool (pinned to the whole pool)
+    memory: Mapping[str, int] = field(default_factory=lambda: _frozen({}))  # resource -> bytes
+    devices: Mapping[str, int] = field(default_factory=lambda: _frozen({}))  # class -> count
+    kind: ContainerKind = ContainerKind.APP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str
+    cgroup: str  # relative to the cgroup root, inside a managed root
+    policy: Policy | None
+    containers: tuple[ContainerSpec, ...]
+
+    def container_cgroup(self, container: ContainerSpec) -> str:
+        """The container's cgroup, relative to the cgroup root."""
+        return f"{self.cgroup}/{container.cgroup}" if container.cgroup else self.cgroup
+
+    def to_request(self) -> WorkloadRequest:
+        return WorkloadRequest(
+            self.name,
+            tuple(
+                ContainerRequest(c.name, c.exclusive_cpus, dict(c.memory), dict(c.devices), c.kind)
+                for c in self.containers
+            ),
+            self.policy,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec in its own JSON shape: ``parse_spec`` reads it back to an equal spec."""
+        out: dict[str, Any] = {"name": self.name, "cgroup": self.cgroup}
+        if self.policy is not None:
+            out["policy"] = self.policy.value
+        only = self.containers[0] if len(self.containers) == 1 else None
+        default = (DEFAULT_CONTAINER, "", ContainerKind.APP)
+        if only and (only.name, only.cgroup, only.kind) == default:
+            return out | _resources_dict(only)
+        out["containers"] = [
+            {"name": c.name, "cgroup": c.cgroup, "kind": c.kind.value, **_resources_dict(c)}
+            for c in self.containers
+        ]
+        return out
+
+
+def _resources_dict(c: ContainerSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if c.exclusive_cpus:
+        out["cpus"] = c.exclusive_cpus
+    elif c.shared_millicpus:
+        out["cpus"] = f"{c.shared_millicpus}m"
+    for resource, amount in c.memory.items():
+        # Memory in bytes, hugepages as a page count (the spec's integer form).
+        page = _page_size(resource.removeprefix(_HUGEPAGES)) if resource != MEMORY else None
+        out[resource] = amount // page if page else amount
+    if c.devices:
+        out["devices"] = dict(c.devices)
+    return out
+
+
+def load_spec(
+    path: Path,
+    *,
+    managed_roots: Sequence[str] = DEFAULT_MANAGED_ROOTS,
+    device_classes: Collection[str] | None = None,
+) -> WorkloadSpec:
+    """Read and parse a spec file; the format comes from its suffix."""
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise SpecError(str(path), "unknown spec format", "use .toml, .json, .yaml or .yml")
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as err:
+        raise SpecError(str(path), f"cannot read the spec: {err.strerror or err}") from err
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(str(path), f"larger than {MAX_SPEC_BYTES} bytes", "is it a spec?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(str(path), f"not UTF-8 text (byte {err.start})") from None
+    return parse_spec(
+        text, fmt, managed_roots=managed_roots, device_classes=device_classes, source=str(path)
+    )
+
+
+def parse_spec(
+    text: str,
+    fmt: Format,
+    *,
+    managed_roots: Sequence[str] = DEFAULT_MANAGED_ROOTS,
+    device_classes: Collection[str] | None = None,
+    source: str = "spec",
+) -> WorkloadSpec:
+    """A validated spec from TOML, JSON or YAML text; YAML and JSON may be a v1 Pod.
+
+    ``source`` names the input in errors until the workload's name is known.
+    Bad managed roots are the caller's ``ConfigError``; anything wrong with the
+    text is a ``SpecError``.
+    """
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(source, f"longer than {MAX_SPEC_BYTES} characters", "is it a spec?")
+    classes = None if device_classes is None else frozenset(device_classes)
+    reader = _Reader(source, _roots(managed_roots), classes)
+    doc = reader.table(_decode(text, fmt, source), "top level")
+    if fmt != "toml" and ("apiVersion" in doc or "kind" in doc):
+        return reader.pod(doc)
+    return reader.native(doc)
+
+
+def _roots(managed_roots: Sequence[str]) -> tuple[str, ...]:
+    roots = tuple(r.strip("/") for r in managed_roots)
+    for root in roots:
+        problem = _path_problem(root)
+        if problem:
+            raise ConfigError("managed-roots", problem, _PATH_HINT)
+    return roots
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """The safe loader, refusing duplicate keys as Kubernetes' strict decoding does."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if (key.tag, key.value) in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key.value!r}", key.start_mark
+                    )
+                seen.add((key.tag, key.value))
+        return super().construct_mapping(node, deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {_show(key)}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode(text: str, fmt: Format, source: str) -> object:
+    try:
+        if fmt == "toml":
+            return tomllib.loads(text)
+        if fmt == "json":
+            return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        if fmt == "yaml":
+            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
+        # tomllib and json raise ValueErrors; PyYAML's constructors can raise
+        # ValueError (dates like 2020-13-45) and TypeError; all recurse on nesting.
+        raise SpecError(source, f"not valid {fmt.upper()}: {_decode_problem(err)}") from None
+    raise SpecError(source, f"unknown spec format {fmt!r}", "use toml, json or yaml")
+
+
+def _decode_problem(err: Exception) -> str:
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
+    problem = " ".join(str(err).split())
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        problem = f"{err.problem} (at line {mark.line + 1}, column {mark.column + 1})"
+    return problem[:300] or type(err).__name__
+
+
+def _kind(value: object, *, empty: bool = False) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "table"}
+    if empty and value == []:
+        return "an empty one"
+    if value is None:
+        return "null"
+    return "array" if isinstance(value, list) else names.get(type(value), type(value).__name__)
+
+
+def _show(value: object) -> str:
+    """A short rendering of an input value. Containers are named, not shown: YAML
+    aliases make small documents whose repr is exponentially large."""
+    if isinstance(value, str):
+        text = json.dumps(value[:60])
+    elif isinstance(value, Decimal):
+        text = f"{value.normalize():f}"
+    elif isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, int) and value.bit_length() > 256:
+        text = "a huge integer"  # TOML hex literals have no digit limit; repr would refuse
+    elif isinstance(value, list | dict | set | tuple):
+        text = f"an {_kind(value)}" if isinstance(value, list) else f"a {_kind(value)}"
+    else:
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _member(where: str, key: str) -> str:
+    """``where.key``, or ``where["odd key"]`` when the key is not a plain word."""
+    if not _PLAIN_KEY.fullmatch(key):
+        return f"{where}[{_show(key)}]"
+    return f"{where}.{key}" if where else key
+
+
+def _path_problem(path: str) -> str | None:
+    """What is wrong with a relative cgroup path; NUL and backslash fail the charset."""
+    if not path or len(path) > MAX_CGROUP_PATH:
+        return f"{_show(path)} is empty or longer than {MAX_CGROUP_PATH} characters"
+    if path.startswith("/"):
+        return f"{_show(path)} is absolute"
+    parts = path.split("/")
+    bad = next((p for p in parts if p in ("", ".", "..") or not _COMPONENT.fullmatch(p)), None)
+    if bad in ("", ".", ".."):
+        return f"{_show(path)} has an empty, '.' or '..' component"
+    if bad is not None:
+        return f"{_show(path)}: {_show(bad)} has characters outside A-Z a-z 0-9 _ . : @ + -"
+    return None
+
+
+def _quantity(text: str) -> Decimal | None:
+    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
+    if match is None:
+        return None
+    exponent, suffix = match["exponent"], match["suffix"]
+    scale = Decimal(10) ** int(exponent) if exponent else _SCALE.get(suffix, Decimal(1))
+    value = _EXACT.multiply(Decimal(match["number"]), scale)
+    return -value if match["sign"] == "-" else value
+
+
+def _amount(value: object) -> Decimal | None:
+    """An exact number from an integer, a finite float or a quantity string."""
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value)) if math.isfinite(value) else None
+    return _quantity(value) if isinstance(value, str) else None
+
+
+def _whole(value: Decimal) -> bool:
+    return value == value.to_integral_value()
+
+
+def _page_size(size: str) -> int | None:
+    """Bytes per page for the size in a ``hugepages-<size>`` name (a power of two)."""
+    amount = _quantity(size)
+    if amount is None or not 1024 <= amount <= 1 << 40 or not _whole(amount):
+        return None
+    page = int(amount)
+    return page if page % 1024 == 0 and page & (page - 1) == 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class _PodContainer:
+    where: str
+    name: str
+    kind: ContainerKind
+    requests: Mapping[str, Decimal]  # with the limits filled in where no request is given
+    limits: Mapping[str, Decimal]
+
+    def guaranteed(self) -> bool:
+        """The kubelet's QoS rule: cpu and memory limits, and requests equal to them."""
+        return all(
+            self.limits.get(r, 0) > 0 and self.requests.get(r) == self.limits[r]
+            for r in ("cpu", MEMORY)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    subject: str
+    roots: tuple[str, ...]
+    device_classes: frozenset[str] | None
+
+    def fail(self, where: str, problem: str, hint: str | None = None) -> SpecError:
+        return SpecError(self.subject, f"{where}: {problem}", hint)
+
+    def table(self, value: object, where: str) -> dict[str, object]:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"expected a table, got {_kind(value)}")
+        out: dict[str, object] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise self.fail(where, f"field name {_show(key)} is not a string")
+            out[key] = item
+        return out
+
+    def required(self, doc: Mapping[str, object], key: str, where: str) -> object:
+        if key not in doc:
+            raise self.fail(_member(where, key), "missing")
+        return doc[key]
+
+    def known(self, doc: Mapping[str, object], where: str, fields: Sequence[str]) -> None:
+        for key in doc:
+            if key in fields or key.startswith(_HUGEPAGES):
+                continue
+            close = difflib.get_close_matches(key, fields, n=1)
+            known = f"known: {', '.join(fields)}, hugepages-<size>"
+            hint = f"did you mean {close[0]}?" if close else known
+            raise self.fail(
+                _member(where, key), f"unknown field in {where or 'the top level'}", hint
+            )
+
+    def name(self, value: object, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(where, f"expected a name, got {_kind(value)}")
+        if not _NAME.fullmatch(value):
+            raise self.fail(where, f"{_show(value)} is not a valid name", _NAME_HINT)
+        return value
+
+    def path(self, value: object, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(where, f"expected a cgroup path, got {_kind(value)}")
+        problem = _path_problem(value)
+        if problem:
+            raise self.fail(where, problem, _PATH_HINT)
+        return value
+
+    def workload_cgroup(self, value: object, where: str) -> str:
+        path = self.path(value, where)
+        if not any(path.startswith(f"{root}/") for root in self.roots):
+            roots = " or ".join(self.roots) or "a managed root (none are configured)"
+            raise self.fail(
+                where, f"{_show(path)} is outside the managed roots", f"put it in {roots}"
+            )
+        return path
+
+    def policy(self, value: object, where: str) -> Policy:
+        if isinstance(value, str) and value in _POLICIES:
+            return Policy(value)
+        choices = ", ".join(p.value for p in Policy)
+        raise self.fail(where, f"{_show(value)} is not a topology policy", f"use one of {choices}")
+
+    # -- numad's own shape ---------------------------------------------------------------
+
+    def native(self, doc: Mapping[str, object]) -> WorkloadSpec:
+        name = self.name(self.required(doc, "name", ""), "name")
+        r = replace(self, subject=name)
+        r.known(doc, "", _TOP_FIELDS)
+        cgroup = r.workload_cgroup(r.required(doc, "cgroup", ""), "cgroup")
+        policy = r.policy(doc["policy"], "policy") if "policy" in doc else None
+        if "containers" not in doc:
+            main = r.resources(doc, "", DEFAULT_CONTAINER, "", ContainerKind.APP)
+            return WorkloadSpec(name, cgroup, policy, (main,))
+        beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(_HUGEPAGES)]
+        if beside:
+            raise r.fail(
+                _member("", beside[0]), "not allowed beside containers", "move it into one"
+            )
+        items = doc["containers"]
+        if not isinstance(items, list) or not items:
+            raise r.fail(
+                "containers",
+                f"expected a non-empty array of tables, got {_kind(items, empty=True)}",
+            )
+        wheres = [f"containers[{i}]" for i in range(len(items))]
+        containers = tuple(r.container(item, w) for item, w in zip(items, wheres, strict=True))
+        r.check_containers(containers, wheres)
+        return WorkloadSpec(name, cgroup, policy, containers)
+
+    def container(self, value: object, where: str) -> ContainerSpec:
+        doc = self.table(value, where)
+        self.known(doc, where, _CONTAINER_FIELDS)
+        name = self.name(self.required(doc, "name", where), f"{where}.name")
+        cgroup = self.path(doc.get("cgroup", name), f"{where}.cgroup")
+        raw_kind = doc.get("kind", ContainerKind.APP.value)
+        if not isinstance(raw_kind, str) or raw_kind not in _KINDS:
+            choices = ", ".join(k.value for k in ContainerKind)
+            raise self.fail(f"{where}.kind", f"{_show(raw_kind)} is not a kind", f"use {choices}")
+        return self.resources(doc, where, name, cgroup, ContainerKind(raw_kind))
+
+    def resources(
+        self, doc: Mapping[str, object], where: str, name: str, cgroup: str, kind: ContainerKind
+    ) -> ContainerSpec:
+        cpus = self.cpus(doc["cpus"], _member(where, "cpus")) if "cpus" in doc else (0, 0)
+        memory: dict[str, int] = {}
+        if "memory" in doc:
+            memory[MEMORY] = self.size(doc["memory"], _member(where, "memory"))
+        for key in sorted(k for k in doc if k.startswith(_HUGEPAGES)):
+            resource, amount = self.hugepages(key, doc[key], _member(where, key), pages=True)
+            if resource in memory:
+                raise self.fail(_member(where, key), f"names the same page size as {resource}")
+            memory[resource] = amount
+        devices = (
+            self.devices(doc["devices"], _member(where, "devices")) if "devices" in doc else {}
+        )
+        return ContainerSpec(name, cgroup, *cpus, _frozen(memory), _frozen(devices), kind)
+
+    def cpus(self, value: object, where: str) -> tuple[int, int]:
+        """(exclusive CPUs, shared millicpus): 4 and "4" are exclusive, 0.5 and "500m" shared."""
+        millis: Decimal | None = None
+        milli_form = False
+        if isinstance(value, str):
+            match = _CPU_TEXT.fullmatch(value)
+            if match:
+                milli_form = bool(match["milli"])
+                millis = Decimal(match["number"]) * (1 if milli_form else 1000)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            amount = _amount(value)
+            millis = None if amount is None else _EXACT.multiply(amount, Decimal(1000))
+        if millis is None:
+            raise self.fail(where, f"{_show(value)} is not a number of CPUs", _CPUS_HINT)
+        if not 0 < millis <= MAX_CPUS * 1000:
+            raise self.fail(
+                where,
+                f"{_show(value)} is out of range",
+                f"ask for more than 0 and at most {MAX_CPUS} CPUs",
+            )
+        if not _whole(millis):
+            raise self.fail(where, f"{_show(value)} is finer than a millicpu", _CPUS_HINT)
+        if not milli_form and millis % 1000 == 0:
+            return int(millis) // 1000, 0
+        return 0, int(millis)
+
+    def size(self, value: object, where: str, *, unit: str = "bytes") -> int:
+        amount = _amount(value)
+        if amount is None:
+            raise self.fail(where, f"{_show(value)} is not a quantity", _BYTES_HINT)
+        if amount <= 0:
+            raise self.fail(where, f"{_show(value)} is not positive", "leave the field out instead")
+        if amount > MAX_BYTES:
+            raise self.fail(where, f"{_show(value)} is more than 2^63-1 {unit}")
+        if not _whole(amount):
+            raise self.fail(where, f"{_show(value)} is not a whole number of {unit}", _BYTES_HINT)
+        return int(amount)
+
+    def hugepages(self, key: str, value: object, where: str, *, pages: bool) -> tuple[str, int]:
+        """The resource name and bytes; with ``pages`` an integer counts pages."""
+        page = _page_size(key.removeprefix(_HUGEPAGES))
+        if page is None:
+            raise self.fail(where, "not a hugepage size", "write hugepages-2Mi or hugepages-1Gi")
+        resource = hugepage_resource(page // 1024)
+        if pages and isinstance(value, int) and not isinstance(value, bool):
+            if not 0 < value <= MAX_BYTES // page:
+                raise self.fail(where, f"{_show(value)} pages is out of range")
+            return resource, value * page
+        if pages and not isinstance(value, str):
+            raise self.fail(where, f"expected a page count or a quantity, got {_kind(value)}")
+        amount = self.size(value, where)
+        if amount % page:
+            size = resource.removeprefix(_HUGEPAGES)
+            raise self.fail(
+                where,
+                f"{_show(value)} is not a multiple of the {size} page size",
+                f"ask for whole pages: an integer count, or a multiple of {size}",
+            )
+        return resource, amount
+
+    def devices(self, value: object, where: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for cls, count in sorted(self.table(value, where).items()):
+            at = _member(where, cls)
+            self.device_class(cls, at)
+            if type(count) is not int or not 0 < count <= MAX_DEVICES:
+                hint = f"use an integer from 1 to {MAX_DEVICES}"
+                raise self.fail(at, f"{_show(count)} is not a device count", hint)
+            out[cls] = count
+        return out
+
+    def device_class(self, name: str, where: str) -> None:
+        if self.device_classes is None:
+            if not _DEVICE_CLASS.fullmatch(name):
+                raise self.fail(where, f"{_show(name)} is not a device class name")
+        elif name not in self.device_classes:
+            known = ", ".join(sorted(self.device_classes)) or "none are configured"
+            raise self.fail(where, f"unknown device class {_show(name)}", f"known: {known}")
+
+    def check_containers(self, containers: Sequence[ContainerSpec], wheres: Sequence[str]) -> None:
+        names: dict[str, str] = {}
+        cgroups: dict[str, str] = {}
+        for c, where in zip(containers, wheres, strict=True):
+            if c.name in names:
+                raise self.fail(f"{where}.name", f"{_show(c.name)} is taken by {names[c.name]}")
+            if c.cgroup in cgroups:
+                raise self.fail(f"{where}.cgroup", f"{_show(c.cgroup)} is {cgroups[c.cgroup]}'s")
+            names[c.name] = cgroups[c.cgroup] = where
+        for c, where in zip(containers, wheres, strict=True):
+            parts = c.cgroup.split("/")
+            for outer in ("/".join(parts[:i]) for i in range(1, len(parts))):
+                if outer in cgroups:
+                    problem = f"{_show(c.cgroup)} is inside {cgroups[outer]}'s cgroup"
+                    raise self.fail(f"{where}.cgroup", problem, "give containers sibling cgroups")
+        if all(c.kind is not ContainerKind.APP for c in containers):
+            raise self.fail("containers", "no app container", 'give one container kind "app"')
+
+    # -- Kubernetes Pod manifests ----------------------------------------------------------
+
+    def pod(self, doc: Mapping[str, object]) -> WorkloadSpec:
+        if doc.get("apiVersion") != "v1" or doc.get("kind") != "Pod":
+            problem = f"{_show(doc.get('apiVersion'))} {_show(doc.get('kind'))} is not a v1 Pod"
+            raise self.fail("kind", problem, "numad reads apiVersion: v1, kind: Pod manifests")
+        meta = self.table(self.required(doc, "metadata", ""), "metadata")
+        raw = self.required(meta, "name", "metadata")
+        name = self.name(raw.lower() if isinstance(raw, str) else raw, "metadata.name")
+        r = replace(self, subject=name)
+        notes = r.table(meta.get("annotations") or {}, "metadata.annotations")
+        if not r.roots:
+            raise r.fail("metadata", "no managed cgroup roots are configured")
+        where = _member("metadata.annotations", CGROUP_ANNOTATION)
+        cgroup = r.workload_cgroup(notes.get(CGROUP_ANNOTATION, f"{r.roots[0]}/{name}"), where)
+        policy = None
+        if POLICY_ANNOTATION in notes:
+            where = _member("metadata.annotations", POLICY_ANNOTATION)
+            policy = r.policy(notes[POLICY_ANNOTATION], where)
+        spec = r.table(r.required(doc, "spec", ""), "spec")
+        parsed = [
+            r.pod_container(item, f"spec.{key}[{i}]", init=key == "initContainers")
+            for key in ("initContainers", "containers")
+            for i, item in enumerate(r.pod_list(spec, key, required=key == "containers"))
+        ]
+        guaranteed = all(c.guaranteed() for c in parsed)
+        containers = tuple(r.pod_spec(c, guaranteed=guaranteed) for c in parsed)
+        r.check_containers(containers, [c.where for c in parsed])
+        return WorkloadSpec(name, cgroup, policy, containers)
+
+    def pod_list(self, spec: Mapping[str, object], key: str, *, required: bool) -> list[object]:
+        value = spec.get(key)
+        if value is None and not required:
+            return []
+        if not isinstance(value, list) or (required and not value):
+            problem = f"expected a {'non-empty ' if required else ''}list, got "
+            raise self.fail(f"spec.{key}", problem + _kind(value, empty=True))
+        return value
+
+    def pod_container(self, value: object, where: str, *, init: bool) -> _PodContainer:
+        doc = self.table(value, where)
+        name = self.name(self.required(doc, "name", where), f"{where}.name")
+        restart = doc.get("restartPolicy")
+        kind = ContainerKind.APP
+        if init and restart == "Always":
+            kind = ContainerKind.SIDECAR
+        elif init and restart is None:
+            kind = ContainerKind.INIT
+        elif init:
+            raise self.fail(f"{where}.restartPolicy", f"{_show(restart)} is not Always")
+        resources = self.table(doc.get("resources") or {}, f"{where}.resources")
+        limits = self.quantities(resources.get("limits"), f"{where}.resources.limits")
+        asked = self.quantities(resources.get("requests"), f"{where}.resources.requests")
+        for resource in limits.keys() & asked.keys():
+            if asked[resource] > limits[resource]:
+                raise self.fail(
+                    _member(f"{where}.resources.requests", resource),
+                    f"{_show(asked[resource])} is more than its limit {_show(limits[resource])}",
+                )
+        return _PodContainer(where, name, kind, limits | asked, limits)
+
+    def quantities(self, value: object, where: str) -> dict[str, Decimal]:
+        out: dict[str, Decimal] = {}
+        for resource, raw in self.table(value or {}, where).items():
+            amount = _amount(raw)
+            if amount is None or amount < 0:
+                problem = f"{_show(raw)} is not a quantity"
+                raise self.fail(_member(where, resource), problem, "use a suffix like 500m or 32Gi")
+            out[resource] = amount
+        return out
+
+    def pod_spec(self, c: _PodContainer, *, guaranteed: bool) -> ContainerSpec:
+        """The kubelet's reading: exclusive CPUs and memory pinning only when Guaranteed."""
+        cpu = c.requests.get("cpu", Decimal(0))
+        if cpu > MAX_CPUS:
+            where = _member(f"{c.where}.resources.requests", "cpu")
+            raise self.fail(where, f"{_show(cpu)} is more than {MAX_CPUS} CPUs")
+        millis = int(_EXACT.multiply(cpu, Decimal(1000)).to_integral_value(ROUND_CEILING))
+        whole = guaranteed and millis > 0 and millis % 1000 == 0
+        memory: dict[str, int] = {}
+        for resource, amount in c.requests.items() if guaranteed else ():
+            where = _member(f"{c.where}.resources.requests", resource)
+            if resource == MEMORY and amount > 0:
+                memory[MEMORY] = self.size(amount.to_integral_value(ROUND_CEILING), where)
+            elif resource.startswith(_HUGEPAGES) and amount > 0:
+                name, size = self.hugepages(resource, amount, where, pages=False)
+                if name in memory:
+                    raise self.fail(where, f"names the same page size as {name}")
+                memory[name] = size
+        cpus = (millis // 1000, 0) if whole else (0, millis)
+        devices = self.pod_devices(c)
+        return ContainerSpec(c.name, c.name, *cpus, _frozen(memory), _frozen(devices), c.kind)
+
+    def pod_devices(self, c: _PodContainer) -> dict[str, int]:
+        """Extended resources named like a device class, or like one after a vendor prefix."""
+        classes = self.device_classes or frozenset()
+        out: dict[str, int] = {}
+        origin: dict[str, str] = {}
+        for resource, amount in sorted(c.limits.items()):
+            cls = resource if resource in classes else resource.rpartition("/")[2]
+            if resource in _NOT_DEVICES or resource.startswith(_HUGEPAGES) or cls not in classes:
+                continue
+            where = _member(f"{c.where}.resources.limits", resource)
+            if not _whole(amount) or amount > MAX_DEVICES:
+                raise self.fail(where, f"{_show(amount)} is not a device count")
+            if cls in origin:
+                raise self.fail(where, f"asks for device class {cls} again (as {origin[cls]})")
+            if amount:
+                out[cls], origin[cls] = int(amount), resource
+        return out

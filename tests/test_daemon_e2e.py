@@ -1,0 +1,232 @@
+"""End to end: a real `numad serve` process on a recorded 2-socket machine, a real socket,
+a scratch cgroup tree; admit, list, show, explain, plan, release, SIGKILL and restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.api.client import APIError, request
+from numad.cgroup import scratch_mkdir
+from numad.cpuset import CPUSet
+from tests.conftest import Machines
+
+MACHINE = "32intel64-2p8co2t+8ve"  # 2 nodes x 8 cores x 2 threads; 8 vector engines on node 0
+CONFIG = """
+[topology]
+policy = "single-numa-node"
+[cpu]
+reserved-count = 2
+[memory]
+policy = "none"
+[devices.vector-engine]
+class-prefix = "0x0b40"
+"""
+ONLINE = CPUSet.parse_list("0-31")
+RESERVED = CPUSet.parse_list("0,16")
+
+
+class Numad:
+    """One `numad serve` process and what it works on."""
+
+    def __init__(self, root: Path, config: Path) -> None:
+        self.root = root
+        self.config = config
+        self.socket = str(root / "numad.sock")
+        self.cgroups = root / "sys" / "fs" / "cgroup"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "numad",
+                "serve",
+                "--root",
+                str(self.root),
+                "--config",
+                str(self.config),
+                "--socket",
+                self.socket,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if request(self.socket, "GET", "/v1/health", timeout=2).get("ready"):
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.1)
+        raise AssertionError(f"numad did not become ready: {self.stop()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        finally:
+            self.proc.kill()
+        return err.decode(errors="replace")
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return request(
+            self.socket, method, path, None if body is None else json.dumps(body), timeout=10
+        )
+
+    def cpus_of(self, cgroup: str) -> CPUSet:
+        return CPUSet.parse_list((self.cgroups / cgroup / "cpuset.cpus").read_text())
+
+
+@pytest.fixture
+def numad(machines: Machines, tmp_path: Path) -> Iterator[Numad]:
+    root = tmp_path / "machine"
+    subprocess.run(["cp", "-a", str(machines.root(MACHINE)), str(root)], check=True)
+    config = tmp_path / "numad.toml"
+    config.write_text(CONFIG)
+    daemon = Numad(root, config)
+    daemon.start()
+    for name in ("db", "web", "batch", "big"):
+        scratch_mkdir(daemon.cgroups, f"numad.slice/{name}")  # what systemd would do
+    yield daemon
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.stop()
+
+
+def _spec(name: str, cpus: int | str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus, **extra}
+
+
+def _check_invariants(d: Numad) -> None:
+    """DESIGN section 5, invariants 1 and 4, read from the cgroup files."""
+    listed = d.call("GET", "/v1/workloads")["workloads"]
+    exclusive = [
+        CPUSet.parse_list(c["cpus"])
+        for w in listed
+        for c in w["containers"].values()
+        if c["exclusive"]
+    ]
+    seen = CPUSet()
+    for cpus in exclusive:
+        assert seen.isdisjoint(cpus)
+        assert cpus.isdisjoint(RESERVED)
+        assert cpus.issubset(ONLINE)
+        seen |= cpus
+    pool = ONLINE - seen
+    assert pool
+    for w in listed:
+        for c in w["containers"].values():
+            assert d.cpus_of(c["cgroup"]) == CPUSet.parse_list(c["cpus"])
+            if not c["exclusive"]:
+                assert d.cpus_of(c["cgroup"]) == pool
+
+
+def test_admit_list_show_explain_release(numad: Numad) -> None:
+    web = numad.call("POST", "/v1/workloads", _spec("web", "500m"))
+    assert numad.cpus_of("numad.slice/web") == ONLINE  # the whole shared pool
+    db = numad.call("POST", "/v1/workloads", _spec("db", 4, devices={"vector-engine": 2}))
+    db_cpus = CPUSet.parse_list(db["containers"]["main"]["cpus"])
+    assert len(db_cpus) == 4
+    assert db_cpus.issubset(CPUSet.parse_list("0-7,16-23"))  # node 0, with the engines
+    assert len(db["containers"]["main"]["devices"]["vector-engine"]) == 2
+    assert numad.cpus_of("numad.slice/db") == db_cpus
+    assert numad.cpus_of("numad.slice/web") == ONLINE - db_cpus  # the pool shrank
+    assert web["admitted"]
+    _check_invariants(numad)
+
+    shown = numad.call("GET", "/v1/workloads/db")
+    assert shown["containers"]["main"]["cpus"] == db_cpus.format_list()
+    why = numad.call("GET", "/v1/workloads/db/explain")
+    assert "vector-engine fits only on {0}" in why["explanation"]
+    plan = numad.call("POST", "/v1/plan", _spec("batch", 6))
+    assert plan["admitted"]
+    assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == [
+        "db",
+        "web",
+    ]  # plan admits nothing
+
+    numad.call("DELETE", "/v1/workloads/db")
+    assert numad.cpus_of("numad.slice/web") == ONLINE  # the pool grew back
+    _check_invariants(numad)
+    with pytest.raises(APIError) as gone:
+        numad.call("GET", "/v1/workloads/db")
+    assert gone.value.status == 404
+
+
+def test_rejection_names_the_conflict_and_leaves_no_trace(numad: Numad) -> None:
+    before = (numad.cgroups / "numad.slice" / "big" / "cpuset.cpus").read_text()
+    with pytest.raises(APIError) as rejected:
+        numad.call("POST", "/v1/workloads", _spec("big", 20))  # more than one node holds
+    assert rejected.value.status == 409
+    error = rejected.value.body["error"]
+    assert error["code"] == "topology_affinity"
+    assert error["conflict"] == ["cpu"]
+    assert "cpu has no preferred NUMA placement" in error["message"]
+    assert numad.call("GET", "/v1/workloads")["workloads"] == []
+    assert (numad.cgroups / "numad.slice" / "big" / "cpuset.cpus").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        pytest.param({"name": "../etc", "cgroup": "numad.slice/x", "cpus": 1}, 422, id="bad-name"),
+        pytest.param(_spec("esc", 1) | {"cgroup": "numad.slice/../../etc"}, 422, id="traversal"),
+        pytest.param(_spec("abs", 1) | {"cgroup": "/sys/fs/cgroup"}, 422, id="absolute"),
+        pytest.param(_spec("huge", 10**30), 422, id="huge-number"),
+        pytest.param(_spec("dev", 1, devices={"no-such-class": 1}), 422, id="unknown-class"),
+        pytest.param(_spec("extra", 1) | {"bogus": True}, 422, id="unknown-field"),
+    ],
+)
+def test_bad_requests_get_4xx_and_change_nothing(
+    numad: Numad, body: dict[str, Any], status: int
+) -> None:
+    with pytest.raises(APIError) as bad:
+        numad.call("POST", "/v1/workloads", body)
+    assert bad.value.status == status
+    assert bad.value.body["error"]["message"]
+    assert numad.call("GET", "/v1/workloads")["workloads"] == []
+    assert numad.call("GET", "/v1/health")["ready"]
+
+
+def test_sigkill_and_restart_keep_every_admission(numad: Numad) -> None:
+    numad.call("POST", "/v1/workloads", _spec("web", "250m"))
+    db = numad.call("POST", "/v1/workloads", _spec("db", 6))
+    numad.stop(signal.SIGKILL)
+    numad.start()
+    listed = {w["name"]: w for w in numad.call("GET", "/v1/workloads")["workloads"]}
+    assert set(listed) == {"web", "db"}
+    assert listed["db"]["containers"]["main"]["cpus"] == db["containers"]["main"]["cpus"]
+    _check_invariants(numad)
+    # A cpuset rewritten while numad was down is put right at start.
+    (numad.cgroups / "numad.slice" / "db" / "cpuset.cpus").write_text("1-31\n")
+    numad.stop(signal.SIGKILL)
+    numad.start()
+    _check_invariants(numad)
+
+
+def test_garbage_bytes_on_the_socket_do_not_hurt(numad: Numad) -> None:
+    for payload in (
+        b"\x00" * 100,
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"POST /v1/workloads HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
+        os.urandom(512),
+    ):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(numad.socket)
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            s.recv(4096)
+    assert numad.call("GET", "/v1/health")["ready"]
