@@ -10,6 +10,7 @@ and on release exclusive CPUs are taken back before the pool grows.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -65,6 +66,10 @@ class Daemon:
         self.specs: dict[str, WorkloadSpec] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.problems: list[str] = []
+        self.orphans: set[str] = set()
+        self.seen: set[str] = set()  # workloads whose cgroup has existed
+        # A failpoint for the crash tests: die at the named step, as SIGKILL would.
+        self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -109,6 +114,10 @@ class Daemon:
             return None
         return {n.id: dict(n.distances or {}) for n in topo.nodes}
 
+    def _crash_point(self, name: str) -> None:
+        if self._crash_at == name:
+            os._exit(137)
+
     def _restore(self) -> Books:
         checkpoint, problem = state.read(self.state_dir)
         if problem:
@@ -117,6 +126,7 @@ class Daemon:
         books = self.empty
         if checkpoint is None:
             return books
+        self.orphans = set(checkpoint.orphans)
         for name, record in sorted(checkpoint.workloads.items()):
             try:
                 spec = parse_spec(json.dumps(record.spec), "json", **self._spec_args())
@@ -175,10 +185,9 @@ class Daemon:
         records = {
             name: state.record_of(books, name, spec.to_dict()) for name, spec in specs.items()
         }
-        state.write(
-            self.state_dir,
-            state.Checkpoint(CPUSet.from_bits(books.cpu.reserved).format_list(), records),
-        )
+        reserved = CPUSet.from_bits(books.cpu.reserved).format_list()
+        orphans = tuple(sorted(self.orphans))
+        state.write(self.state_dir, state.Checkpoint(reserved, records, orphans))
 
     # -- requests ------------------------------------------------------------------------
 
@@ -200,11 +209,14 @@ class Daemon:
                 return outcome
             specs = {**self.specs, spec.name: spec}
             self._checkpoint(books, specs)  # invariant 3: before any cgroup change
+            self._crash_point("admit:after-checkpoint")
             old_pool = self.books.cpu.shared_pool
             self.books, self.specs = books, specs
             self.outcomes[spec.name] = outcome
             self._apply_shared(old_pool & books.cpu.shared_pool)  # shrink the pool first
+            self._crash_point("admit:after-shared")
             self._apply_workload(spec.name)
+            self._crash_point("admit:after-exclusive")
             self.log.info("admission_accepted", workload=spec.name)
             return outcome
 
@@ -215,14 +227,20 @@ class Daemon:
             spec = self.specs[name]
             books = release(self.books, name)
             specs = {k: v for k, v in self.specs.items() if k != name}
+            released = {spec.container_cgroup(c) for c in spec.containers}
+            self.orphans |= released
             self._checkpoint(books, specs)
+            self._crash_point("release:after-checkpoint")
             old_pool = self.books.cpu.shared_pool
             self.books, self.specs = books, specs
+            self.seen.discard(name)
             # Take the exclusive CPUs back (the released cgroups get the old pool),
             # then grow every shared cgroup to the new pool.
-            for container in spec.containers:
-                self._write(spec.container_cgroup(container), old_pool, None)
+            for path in sorted(released):
+                self._write(path, old_pool, None)
+            self._crash_point("release:after-exclusive")
             self._apply_shared(books.cpu.shared_pool)
+            self._settle_orphans()
             self.log.info("workload_released", workload=name)
 
     def explain(self, name: str) -> dict[str, Any]:
@@ -268,15 +286,34 @@ class Daemon:
     # -- enforcement ---------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Write every managed cgroup that exists (a new one is applied when it appears)."""
+        """Write every managed cgroup that exists (a new one is applied when it appears);
+        release a workload whose cgroups have all gone; settle released cgroups."""
         with self.lock:
+            for name, spec in list(self.specs.items()):
+                present = [self.cgroups.exists(spec.container_cgroup(c)) for c in spec.containers]
+                if any(present):
+                    self.seen.add(name)
+                elif name in self.seen:
+                    self.log.info("workload_cgroup_removed", workload=name)
+                    self.release(name)
             self._apply_shared(self.books.cpu.shared_pool)
             for name in self.specs:
                 self._apply_workload(name)
+            self._settle_orphans()
+
+    def _settle_orphans(self) -> None:
+        """Forget released cgroups that are gone (or belong to a workload again)."""
+        owned = {spec.container_cgroup(c) for spec in self.specs.values() for c in spec.containers}
+        settled = {p for p in self.orphans if p in owned or not self.cgroups.exists(p)}
+        if settled:
+            self.orphans -= settled
+            self._checkpoint()
 
     def _apply_workload(self, name: str) -> None:
         spec = self.specs[name]
         held = placements(self.books, name)
+        if any(self.cgroups.exists(spec.container_cgroup(c)) for c in spec.containers):
+            self.seen.add(name)
         for c in spec.containers:
             placement = held.get(c.name)
             if placement is not None and placement.cpus:
@@ -286,12 +323,18 @@ class Daemon:
                 self._write(spec.container_cgroup(c), self.books.cpu.shared_pool, mems)
 
     def _apply_shared(self, pool: int) -> None:
+        """The shared pool to every shared container, and to released cgroups that
+        still exist (their processes must leave the CPUs numad hands out next)."""
+        owned = set()
         for name, spec in self.specs.items():
             held = placements(self.books, name)
             for c in spec.containers:
+                owned.add(spec.container_cgroup(c))
                 placement = held.get(c.name)
                 if placement is None or not placement.cpus:
                     self._write(spec.container_cgroup(c), pool, None)
+        for path in sorted(self.orphans - owned):
+            self._write(path, pool, None)
 
     def _write(self, path: str, cpus: int, mems: NodeSet | None) -> None:
         try:

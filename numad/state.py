@@ -47,6 +47,10 @@ class Record:
 class Checkpoint:
     reserved: str
     workloads: Mapping[str, Record]
+    # Cgroups of released workloads that still exist: they follow the shared
+    # pool (also after a stop between the checkpoint and the cgroup writes)
+    # until they are removed.
+    orphans: tuple[str, ...] = ()
 
 
 def record_of(books: Books, name: str, spec: Mapping[str, Any]) -> Record:
@@ -71,6 +75,7 @@ def record_of(books: Books, name: str, spec: Mapping[str, Any]) -> Record:
 def encode(checkpoint: Checkpoint) -> bytes:
     body = {
         "reserved": checkpoint.reserved,
+        "orphans": sorted(checkpoint.orphans),
         "workloads": {
             name: {"spec": r.spec, "cpus": r.cpus, "memory": r.memory, "devices": r.devices}
             for name, r in sorted(checkpoint.workloads.items())
@@ -99,7 +104,8 @@ def decode(data: bytes, source: str) -> Checkpoint:
             str(name): Record(w["spec"], dict(w["cpus"]), dict(w["memory"]), dict(w["devices"]))
             for name, w in body["workloads"].items()
         }
-        return Checkpoint(str(body["reserved"]), MappingProxyType(workloads))
+        orphans = tuple(str(o) for o in body.get("orphans", ()))
+        return Checkpoint(str(body["reserved"]), MappingProxyType(workloads), orphans)
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as err:

@@ -46,7 +46,8 @@ class Numad:
         self.cgroups = root / "sys" / "fs" / "cgroup"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, crash_at: str = "") -> None:
+        env = {**os.environ, "NUMAD_TEST_CRASH_AT": crash_at}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -62,6 +63,7 @@ class Numad:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            env=env,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -230,3 +232,64 @@ def test_garbage_bytes_on_the_socket_do_not_hurt(numad: Numad) -> None:
             s.shutdown(socket.SHUT_WR)
             s.recv(4096)
     assert numad.call("GET", "/v1/health")["ready"]
+
+
+@pytest.mark.parametrize(
+    "point", ["admit:after-checkpoint", "admit:after-shared", "admit:after-exclusive"]
+)
+def test_killed_during_an_admission(numad: Numad, point: str) -> None:
+    """Killed between the checkpoint and each cgroup write: the admission survives
+    (it was checkpointed) and the cgroups are put right at the next start."""
+    numad.call("POST", "/v1/workloads", _spec("web", "500m"))
+    numad.stop()
+    numad.start(crash_at=point)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the daemon dies mid-request
+        numad.call("POST", "/v1/workloads", _spec("db", 4))
+    assert numad.proc is not None
+    assert numad.proc.wait(timeout=20) == 137
+    numad.start()
+    names = [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]]
+    assert names == ["db", "web"]
+    _check_invariants(numad)
+
+
+@pytest.mark.parametrize("point", ["release:after-checkpoint", "release:after-exclusive"])
+def test_killed_during_a_release(numad: Numad, point: str) -> None:
+    numad.call("POST", "/v1/workloads", _spec("web", "500m"))
+    db = numad.call("POST", "/v1/workloads", _spec("db", 4))
+    db_cpus = CPUSet.parse_list(db["containers"]["main"]["cpus"])
+    numad.stop()
+    numad.start(crash_at=point)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the daemon dies mid-request
+        numad.call("DELETE", "/v1/workloads/db")
+    assert numad.proc is not None
+    assert numad.proc.wait(timeout=20) == 137
+    numad.start()
+    assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == ["web"]
+    _check_invariants(numad)
+    # The released cgroup no longer holds its CPUs exclusively: it has the shared pool.
+    assert numad.cpus_of("numad.slice/db") == ONLINE
+    # And its CPUs go to the next workload without being in two cgroups' sets.
+    big = numad.call("POST", "/v1/workloads", _spec("big", 8))
+    big_cpus = CPUSet.parse_list(big["containers"]["main"]["cpus"])
+    assert big_cpus & db_cpus  # the packed allocator reuses the freed, partly used node
+    assert numad.cpus_of("numad.slice/db").isdisjoint(big_cpus)
+    _check_invariants(numad)
+
+
+def test_a_removed_cgroup_releases_its_workload(numad: Numad) -> None:
+    numad.call("POST", "/v1/workloads", _spec("db", 4))
+    numad.call("POST", "/v1/workloads", _spec("later", 2))  # its cgroup does not exist yet
+    (numad.cgroups / "numad.slice" / "db").rename(numad.cgroups / "gone-db")
+    scratch_mkdir(numad.cgroups, "numad.slice/later")
+    deadline = time.monotonic() + 30  # the reconcile pass runs every 10 s
+    while time.monotonic() < deadline:
+        names = [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]]
+        if (
+            names == ["later"]
+            and (numad.cgroups / "numad.slice/later/cpuset.cpus").read_text().strip()
+        ):
+            break
+        time.sleep(0.5)
+    assert names == ["later"]
+    _check_invariants(numad)  # the new cgroup was applied when it appeared
