@@ -22,6 +22,7 @@ from typing import TypeAlias
 
 from numad import __version__
 from numad.commands import add_commands
+from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_topology(sub)
     _add_record(sub)
     add_commands(sub)
+    add_demo(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 from dataclasses import replace
@@ -78,6 +79,7 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--memory", default=None)
     run.add_argument("--device", action="append", default=[], metavar="CLASS=N")
     run.add_argument("--socket", help="API socket path")
+    run.add_argument("--name", help="the workload's name (default run-PID)")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(command=_run)
 
@@ -213,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
     cmd = [c for c in args.cmd if c != "--"]
     if not cmd:
         raise SystemExit("numad run: give a command after --")
-    name = f"run-{os.getpid()}"
+    name = args.name or f"run-{os.getpid()}"
     spec: dict[str, Any] = {
         "name": name,
         "cgroup": f"{Paths().managed_roots[0]}/{name}",
@@ -224,9 +226,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.device:
         spec["devices"] = {k: int(v) for k, v in (d.split("=", 1) for d in args.device)}
     # Join the cgroup first, so that the daemon applies the cpuset at admission.
-    procs = Path(Config().paths.cgroup_root) / spec["cgroup"] / "cgroup.procs"
-    procs.parent.mkdir(parents=True, exist_ok=True)
-    procs.write_text(str(os.getpid()))
-    request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
+    health = request(_socket(args), "GET", "/v1/health")
+    procs = (
+        Path(health.get("cgroup_root") or Config().paths.cgroup_root)
+        / spec["cgroup"]
+        / "cgroup.procs"
+    )
+    if not procs.parent.is_dir():
+        procs.parent.mkdir(parents=True)
+    procs.write_text(f"{os.getpid()}\n")
+    admitted = request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
+    placed = admitted["containers"]["main"]
+    print(f"numad: {name}: cpus {placed['cpus'] or 'shared'}; exec {cmd[0]}", file=sys.stderr)
+    sys.stderr.flush()
     os.execvp(cmd[0], cmd)  # noqa: S606 - `numad run` replaces itself with the user's command
     return 0  # not reached

@@ -293,3 +293,37 @@ def test_a_removed_cgroup_releases_its_workload(numad: Numad) -> None:
         time.sleep(0.5)
     assert names == ["later"]
     _check_invariants(numad)  # the new cgroup was applied when it appeared
+
+
+def test_run_admits_a_transient_workload_and_execs_the_command(numad: Numad) -> None:
+    scratch_mkdir(numad.cgroups, "numad.slice/job")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numad",
+            "run",
+            "--name",
+            "job",
+            "--cpus",
+            "2",
+            "--socket",
+            numad.socket,
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print('child', os.getpid())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    pid = int(done.stdout.split()[1])
+    # numad run joined the cgroup, then exec'd the command in the same process.
+    assert (numad.cgroups / "numad.slice/job/cgroup.procs").read_text().split() == [str(pid)]
+    job = numad.call("GET", "/v1/workloads/job")["containers"]["main"]
+    assert job["exclusive"]
+    assert len(CPUSet.parse_list(job["cpus"])) == 2
+    assert "job: cpus" in done.stderr
+    _check_invariants(numad)

@@ -105,7 +105,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if parts == ["v1", "health"] and method == "GET":
                 status = 200 if daemon.ready else 503
-                self._send(status, {"ready": daemon.ready, "problems": daemon.problems})
+                root = str(getattr(daemon.cgroups, "root", ""))
+                self._send(
+                    status,
+                    {"ready": daemon.ready, "problems": daemon.problems, "cgroup_root": root},
+                )
                 return
             if not daemon.ready:
                 self._error(503, "not_ready", "numad: not ready yet")
