@@ -111,6 +111,7 @@ def build(config: Config, root: str | None) -> Daemon:
         config.paths,
         state_dir=str(base / config.paths.state_dir.lstrip("/")),
         socket=str(base / config.paths.socket.lstrip("/")),
+        workloads_dir=str(base / config.paths.workloads_dir.lstrip("/")),
     )
     return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
 

@@ -29,7 +29,7 @@ from numad.managers.cpu.topology import CPUTopology
 from numad.managers.device import DeviceInventory, DeviceState
 from numad.managers.memory import MemoryState, MemoryTable
 from numad.policy import Machine, check_machine, parse_options
-from numad.spec import WorkloadSpec, parse_spec
+from numad.spec import WorkloadSpec, load_spec, parse_spec
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 
@@ -103,6 +103,7 @@ class Daemon:
         self.books = self._restore()
         self._checkpoint()
         self.reconcile()
+        self._declared()
         self.ready = True
         self.log.info(
             "daemon_started", workloads=len(self.specs), reserved=str(CPUSet.from_bits(reserved))
@@ -113,6 +114,29 @@ class Daemon:
         if any(n.distances is None for n in topo.nodes):
             return None
         return {n.id: dict(n.distances or {}) for n in topo.nodes}
+
+    def _declared(self) -> None:
+        """Admit the specs of the workloads directory that are not admitted yet."""
+        directory = Path(self.config.paths.workloads_dir)
+        if not directory.is_dir():
+            return
+        for path in sorted(directory.iterdir()):
+            if path.suffix.lower() not in (".toml", ".json", ".yaml", ".yml"):
+                continue
+            try:
+                spec = load_spec(path, **self._spec_args())
+                if spec.name in self.specs:
+                    continue
+                outcome = self.admit(spec)
+            except NumadError as err:
+                self.problems.append(str(err))
+                self.log.error("declared_workload_failed", file=str(path), problem=str(err))
+                continue
+            if not outcome.admitted:
+                why = outcome.explanation
+                self.problems.append(
+                    f"{path}: not admitted: {why.text() if why else outcome.detail}"
+                )
 
     def _crash_point(self, name: str) -> None:
         if self._crash_at == name:

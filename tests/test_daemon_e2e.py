@@ -327,3 +327,16 @@ def test_run_admits_a_transient_workload_and_execs_the_command(numad: Numad) -> 
     assert len(CPUSet.parse_list(job["cpus"])) == 2
     assert "job: cpus" in done.stderr
     _check_invariants(numad)
+
+
+def test_declared_workloads_are_admitted_at_start(numad: Numad) -> None:
+    declared = numad.root / "etc" / "numad" / "workloads.d"
+    declared.mkdir(parents=True)
+    (declared / "db.toml").write_text('name = "db"\ncgroup = "numad.slice/db"\ncpus = 2\n')
+    (declared / "broken.toml").write_text('name = "broken"\ncpus = -1\n')
+    numad.stop()
+    numad.start()
+    assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == ["db"]
+    problems = numad.call("GET", "/v1/health")["problems"]
+    assert any("broken" in p for p in problems)
+    _check_invariants(numad)
