@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import combinations
 from types import FrameType
 
@@ -59,13 +60,16 @@ def _terminates(seconds: float = TIME_LIMIT) -> Iterator[None]:
 # -- machines ------------------------------------------------------------------
 
 
+Thread = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class Machine:
     """Online CPUs of a random machine; the repr lists cores as ``cpus:s<socket>n<numa>u<l3>``."""
 
     infos: tuple[CPUInfo, ...]
 
-    @property
+    @cached_property
     def topo(self) -> CPUTopology:
         return CPUTopology.of(self.infos)
 
@@ -109,43 +113,59 @@ def _cells(draw: st.DrawFn) -> list[tuple[int, int]]:
 
 
 @st.composite
-def machines(draw: st.DrawFn) -> Machine:
-    cells = draw(_cells())
+def _cores(draw: st.DrawFn) -> list[tuple[int, int, int, int]]:
+    """Cores as (socket, NUMA node, L3 group or -1 for none, threads), in numbering order."""
     smt = draw(st.sampled_from([1, 1, 2, 2, 2, 4]))
-    hybrid = smt > 1 and draw(st.booleans())
-    uniform_cores = draw(st.booleans())
+    hybrid = smt > 1 and draw(st.booleans())  # E-cores: one thread, after the P-cores
+    uniform = draw(st.booleans())
     per_cell = draw(st.integers(1, 12))
     l3_size = draw(st.sampled_from([0, 0, 2, 3, 4, 8]))  # 0: uncore falls back to socket
-    # Cores as (socket, numa, uncore group, threads).
     cores: list[tuple[int, int, int, int]] = []
     groups = 0
-    for socket, numa in cells:
-        n = per_cell if uniform_cores else draw(st.integers(1, 12))
-        e_cores = draw(st.integers(0, n)) if hybrid else 0  # single-thread cores, last
+    for socket, numa in draw(_cells()):
+        n = per_cell if uniform else draw(st.integers(1, 12))
+        e_cores = draw(st.integers(0, n)) if hybrid else 0
         for i in range(n):
             width = 1 if i >= n - e_cores else smt
             cores.append((socket, numa, groups + i // l3_size if l3_size else -1, width))
         groups += -(-n // l3_size) if l3_size else 0
-    offline: dict[int, int] = {}  # core index -> its offline thread
-    if smt > 1 and draw(st.booleans()):
-        for i in draw(st.sets(st.integers(0, len(cores) - 1), min_size=1, max_size=8)):
-            if cores[i][3] > 1:
-                offline[i] = draw(st.integers(0, cores[i][3] - 1))
+    return cores
+
+
+@st.composite
+def _numbering(draw: st.DrawFn, cores: list[tuple[int, int, int, int]]) -> dict[Thread, int]:
+    """CPU ids of the threads (core index, thread index): Intel-style or adjacent, with gaps."""
     threads = [(i, t) for i, core in enumerate(cores) for t in range(core[3])]
     if draw(st.booleans()):  # Intel/AMD: first threads of all cores, then the second ...
         threads.sort(key=lambda it: (it[1], it[0]))
     base = draw(st.integers(0, 8))
     holes = draw(st.sets(st.integers(0, len(threads)), max_size=4))
-    ids = {it: base + k + sum(h <= k for h in holes) for k, it in enumerate(threads)}
+    return {it: base + k + sum(h <= k for h in holes) for k, it in enumerate(threads)}
+
+
+@st.composite
+def machines(draw: st.DrawFn) -> Machine:
+    cores = draw(_cores())
+    ids = draw(_numbering(cores))
+    offline: dict[int, int] = {}  # core index -> its offline thread
+    if draw(st.booleans()):
+        smt_cores = [i for i, core in enumerate(cores) if core[3] > 1]
+        for i in draw(
+            st.sets(st.sampled_from(smt_cores), min_size=1, max_size=8)
+            if smt_cores
+            else st.just(())
+        ):
+            offline[i] = draw(st.integers(0, cores[i][3] - 1))
     socket_ids = draw(st.permutations(range(max(c[0] for c in cores) + 1)))
     numa_ids = draw(st.permutations(range(max(c[1] for c in cores) + 1)))
-    online = [(i, t) for i, t in threads if offline.get(i) != t]
     infos = []
-    for i, t in online:
-        socket, numa, group, _ = cores[i]
-        core_id = min(ids[i, u] for u in range(cores[i][3]) if offline.get(i) != u)
+    for (i, t), cpu in ids.items():
+        socket, numa, group, width = cores[i]
+        if offline.get(i) == t:
+            continue
+        core_id = min(ids[i, u] for u in range(width) if offline.get(i) != u)
         uncore = socket_ids[socket] if group < 0 else group
-        infos.append(CPUInfo(ids[i, t], core_id, socket_ids[socket], numa_ids[numa], uncore))
+        infos.append(CPUInfo(cpu, core_id, socket_ids[socket], numa_ids[numa], uncore))
     return Machine(tuple(sorted(infos, key=lambda c: c.cpu)))
 
 
@@ -322,22 +342,17 @@ def test_allocate_gives_count_free_cpus_or_allocation_error(s: Scenario) -> None
         assert (result & aligned).bit_count() == min(s.count, inside)
 
 
-@settings(max_examples=400, deadline=None)
-@given(machines(), st.data())
-def test_allocators_give_count_free_cpus_or_allocation_error(
-    machine: Machine, data: st.DataObject
-) -> None:
-    topo = machine.topo
-    available = data.draw(_subset(topo, topo.all, STATE), label="available")
-    count = data.draw(st.integers(0, available.bit_count() + 2), label="count")
+def _take_directly(
+    topo: CPUTopology, available: int, count: int, data: st.DataObject
+) -> tuple[int | AllocationError, bool]:
+    """take_packed or take_distributed with drawn parameters; and whether whole cores come
+    before split ones (the packed strategy, no uncore step)."""
     strategy = data.draw(st.sampled_from(list(Strategy)), label="strategy")
-    note(f"available={bits(available)}")
-    distributed = len(topo.numa) <= DISTRIBUTE_MAX_NUMAS and data.draw(st.booleans())
-    if distributed:
+    if len(topo.numa) <= DISTRIBUTE_MAX_NUMAS and data.draw(st.booleans(), label="distributed"):
         group_size = data.draw(st.sampled_from([1, 2, 4, topo.cpus_per_core]), label="g")
         align_by_socket = data.draw(st.booleans(), label="align_by_socket")
         min_numas = data.draw(st.integers(0, len(topo.numa) + 1), label="min_numas_from_hint")
-        result = _attempt(
+        return _attempt(
             lambda: take_distributed(
                 topo,
                 available,
@@ -347,17 +362,32 @@ def test_allocators_give_count_free_cpus_or_allocation_error(
                 align_by_socket=align_by_socket,
                 min_numas_from_hint=min_numas,
             )
-        )
-    else:
-        uncore = data.draw(st.booleans(), label="prefer_uncore")
-        result = _attempt(
-            lambda: take_packed(topo, available, count, strategy=strategy, prefer_uncore=uncore)
-        )
+        ), False
+    uncore = data.draw(st.booleans(), label="prefer_uncore")
+    result = _attempt(
+        lambda: take_packed(topo, available, count, strategy=strategy, prefer_uncore=uncore)
+    )
+    return result, strategy is Strategy.PACKED and not uncore
+
+
+@settings(max_examples=400, deadline=None)
+@given(machines(), st.data())
+def test_allocators_give_count_free_cpus_or_allocation_error(
+    machine: Machine, data: st.DataObject
+) -> None:
+    topo = machine.topo
+    available = data.draw(_subset(topo, topo.all, STATE), label="available")
+    count = data.draw(st.integers(0, available.bit_count() + 2), label="count")
+    note(f"available={bits(available)}")
+    result, whole_cores_first = _take_directly(topo, available, count, data)
     if isinstance(result, AllocationError):
         assert count > available.bit_count(), f"refused a feasible request: {result}"
         return
     assert result.bit_count() == count
     assert result & ~available == 0, f"not free: {bits(result & ~available)}"
+    if whole_cores_first:  # property 3, as in test_packed_splits_at_most_one_whole_free_core
+        split = _split_whole_cores(topo, available, result)
+        assert len(split) <= 1, f"wholly free cores split: {split}"
 
 
 def _hybrid_8p_8e() -> list[CPUInfo]:
@@ -477,7 +507,7 @@ def test_packed_splits_at_most_one_whole_free_core(s: Scenario) -> None:
 def test_same_inputs_same_result_in_any_cpu_order(s: Scenario, data: st.DataObject) -> None:
     shuffled = data.draw(st.permutations(s.machine.infos), label="cpu order")
     answers = []
-    for topo in (s.machine.topo, s.machine.topo, CPUTopology.of(shuffled)):
+    for topo in (s.machine.topo, CPUTopology.of(s.machine.infos), CPUTopology.of(shuffled)):
         answers.append(str(_allocate(s, topo)))
         policy = StaticPolicy(topo, s.options)
         answers[-1] += repr(policy.hints(s.available, s.count, reusable=s.reusable))
@@ -489,11 +519,13 @@ def test_same_inputs_same_result_in_any_cpu_order(s: Scenario, data: st.DataObje
 
 def _expected_hints(topo: CPUTopology, free: int, reusable: int, count: int) -> list[list[int]]:
     """Every NUMA node set, narrowest first then lexicographic, whose free CPUs cover count."""
-    nodes = sorted({c.numa for c in topo.cpus})
+    node_cpus: dict[int, int] = {}
+    for c in topo.cpus:
+        node_cpus[c.numa] = node_cpus.get(c.numa, 0) | 1 << c.cpu
     found = []
-    for width in range(1, len(nodes) + 1):
-        for combo in combinations(nodes, width):
-            mask = mask_of(c.cpu for c in topo.cpus if c.numa in combo)
+    for width in range(1, len(node_cpus) + 1):
+        for combo in combinations(sorted(node_cpus), width):
+            mask = sum(node_cpus[n] for n in combo)
             if reusable & ~mask == 0 and (free & mask).bit_count() >= count:
                 found.append(list(combo))
     return found
