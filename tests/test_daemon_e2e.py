@@ -19,19 +19,11 @@ import pytest
 from numad.api.client import APIError, request
 from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet
+from numad.demo import CONFIG, MACHINE
 from tests.conftest import Machines
 
-MACHINE = "32intel64-2p8co2t+8ve"  # 2 nodes x 8 cores x 2 threads; 8 vector engines on node 0
-CONFIG = """
-[topology]
-policy = "single-numa-node"
-[cpu]
-reserved-count = 2
-[memory]
-policy = "none"
-[devices.vector-engine]
-class-prefix = "0x0b40"
-"""
+# The demo's machine and config: 2 nodes x 8 cores x 2 threads, 8 vector engines on
+# node 0; single-numa-node, 2 reserved CPUs chosen by count, no memory manager.
 ONLINE = CPUSet.parse_list("0-31")
 RESERVED = CPUSet.parse_list("0,16")
 
