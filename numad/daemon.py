@@ -68,6 +68,7 @@ class Daemon:
         self.problems: list[str] = []
         self.orphans: set[str] = set()
         self.seen: set[str] = set()  # workloads whose cgroup has existed
+        self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
@@ -227,6 +228,7 @@ class Daemon:
         with self.lock:
             if spec.name in self.specs:
                 raise WorkloadError(spec.name, "is already admitted", "release it first")
+            self._check_cgroups_free(spec)
             books, outcome = admit(self.engine, self.books, spec.to_request())
             if not outcome.admitted:
                 self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
@@ -266,6 +268,24 @@ class Daemon:
             self._apply_shared(books.cpu.shared_pool)
             self._settle_orphans()
             self.log.info("workload_released", workload=name)
+
+    def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
+        """Two workloads never write the same cgroup, nor one inside the other's."""
+        mine = {spec.container_cgroup(c) for c in spec.containers} | {spec.cgroup}
+        for other in self.specs.values():
+            theirs = {other.container_cgroup(c) for c in other.containers} | {other.cgroup}
+            for a in mine:
+                for b in theirs:
+                    if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                        raise WorkloadError(
+                            spec.name,
+                            f"cgroup {a} is already admitted: it overlaps {b} of {other.name}",
+                            "give each workload its own cgroup",
+                        )
+
+    def list_all(self) -> list[dict[str, Any]]:
+        with self.lock:  # one consistent snapshot
+            return [self.show(n) for n in sorted(self.specs)]
 
     def explain(self, name: str) -> dict[str, Any]:
         with self.lock:
@@ -313,6 +333,7 @@ class Daemon:
         """Write every managed cgroup that exists (a new one is applied when it appears);
         release a workload whose cgroups have all gone; settle released cgroups."""
         with self.lock:
+            self.written.clear()  # write everything: someone may have changed a cpuset
             for name, spec in list(self.specs.items()):
                 present = [self.cgroups.exists(spec.container_cgroup(c)) for c in spec.containers]
                 if any(present):
@@ -361,10 +382,16 @@ class Daemon:
             self._write(path, pool, None)
 
     def _write(self, path: str, cpus: int, mems: NodeSet | None) -> None:
+        """Write a cgroup's cpuset, unless this pass already wrote that value there
+        (the reconcile pass forgets what was written and writes everything)."""
+        if self.written.get(path) == (cpus, mems):
+            return
         try:
             if not self.cgroups.exists(path):
                 return  # applied when the cgroup appears (next reconcile)
             self.cgroups.ensure(path)
             self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
+            self.written[path] = (cpus, mems)
         except NumadError as err:
+            self.written.pop(path, None)
             self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))

@@ -84,8 +84,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()
     return (
-        json.dumps({"version": VERSION, "checksum": f"sha256:{digest}", "body": body}, indent=1)
-        + "\n"
+        json.dumps({"version": VERSION, "checksum": f"sha256:{digest}", "body": body}) + "\n"
     ).encode()
 
 
