@@ -25,6 +25,7 @@ from numad.commands import add_commands
 from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
+from numad.log import configure as configure_logging
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 from numad.topology.record import load_fixture, record_fixture
@@ -40,6 +41,7 @@ _Command = Callable[[argparse.Namespace], int]
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``numad`` with ``argv`` (default: the process arguments); return the exit status."""
+    configure_logging()
     parser = _parser()
     try:
         args = parser.parse_args(argv)

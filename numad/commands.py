@@ -168,10 +168,11 @@ def _plan(args: argparse.Namespace) -> int:
         result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:
         with tempfile.TemporaryDirectory(prefix="numad-plan-") as scratch:
+            # An offline plan reads the machine and writes nothing: no cgroups,
+            # and its (empty) checkpoint goes to a scratch directory.
             config = load(args.config)
-            config = replace(config, paths=replace(config.paths, state_dir=scratch))
-            daemon = build(config, args.root)
-            daemon.cgroups = _NoCgroups()
+            fs = HostFS(Path(args.root).resolve() if args.root else "/")
+            daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
             daemon.start()
             result = outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))
     if args.json:
