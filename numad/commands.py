@@ -120,6 +120,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = load(args.config)
     daemon = build(config, args.root)
     daemon.start()
+    metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
+    daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
+    daemon.log.info("metrics_listening", address=daemon.metrics_address)
     server = Server(args.socket or daemon.config.paths.socket, daemon)
     stop = threading.Event()
 
@@ -133,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
     daemon.log.info("api_listening", socket=server.server_address)
     server.serve_forever(poll_interval=0.5)
     server.server_close()
+    metrics_server.shutdown()
     daemon.log.info("daemon_stopped")
     return 0
 

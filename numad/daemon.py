@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from numad.managers.cpu.static import StaticOptions, StaticPolicy
 from numad.managers.cpu.topology import CPUTopology
 from numad.managers.device import DeviceInventory, DeviceState
 from numad.managers.memory import MemoryState, MemoryTable
+from numad.metrics import Metrics
 from numad.policy import Machine, check_machine, parse_options
 from numad.spec import WorkloadSpec, load_spec, parse_spec
 from numad.topology.discover import discover
@@ -53,10 +55,18 @@ class Admitted:
 
 
 class Daemon:
-    def __init__(
-        self, config: Config, fs: HostFS, cgroups: Cgroups, state_dir: Path, log: Log
+    def __init__(  # noqa: PLR0917 - the composition root takes every part
+        self,
+        config: Config,
+        fs: HostFS,
+        cgroups: Cgroups,
+        state_dir: Path,
+        log: Log,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
+        self.metrics_address = ""  # host:port of the metrics endpoint, once serving
         self.fs = fs
         self.cgroups = cgroups
         self.state_dir = state_dir
@@ -105,6 +115,7 @@ class Daemon:
         self._checkpoint()
         self.reconcile()
         self._declared()
+        self.update_gauges()
         self.ready = True
         self.log.info(
             "daemon_started", workloads=len(self.specs), reserved=str(CPUSet.from_bits(reserved))
@@ -229,7 +240,9 @@ class Daemon:
             if spec.name in self.specs:
                 raise WorkloadError(spec.name, "is already admitted", "release it first")
             self._check_cgroups_free(spec)
+            started = time.perf_counter()
             books, outcome = admit(self.engine, self.books, spec.to_request())
+            self._count(spec, outcome, time.perf_counter() - started)
             if not outcome.admitted:
                 self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
                 return outcome
@@ -243,6 +256,7 @@ class Daemon:
             self._crash_point("admit:after-shared")
             self._apply_workload(spec.name)
             self._crash_point("admit:after-exclusive")
+            self.update_gauges()
             self.log.info("admission_accepted", workload=spec.name)
             return outcome
 
@@ -267,7 +281,46 @@ class Daemon:
             self._crash_point("release:after-exclusive")
             self._apply_shared(books.cpu.shared_pool)
             self._settle_orphans()
+            self.update_gauges()
             self.log.info("workload_released", workload=name)
+
+    def _count(self, spec: WorkloadSpec, outcome: Outcome, seconds: float) -> None:
+        m = self.metrics
+        m.admission_requests.inc()
+        m.admission_duration.observe(seconds)
+        scope = str(self.engine.scope)
+        numa_boundary = (spec.policy or self.engine.policy) == "single-numa-node"
+        if any(c.exclusive_cpus for c in spec.containers):
+            m.cpu_pinning_requests.inc()
+        if outcome.admitted:
+            if numa_boundary:
+                m.aligned.labels(scope, "numa_node").inc(
+                    len(spec.containers) if scope == "container" else 1
+                )
+            return
+        m.admission_errors.inc()
+        m.rejections.labels(str(outcome.reason)).inc()
+        if numa_boundary and outcome.reason is not None and "Topology" in outcome.reason:
+            m.aligned_failures.labels(scope, "numa_node").inc()
+        if "cpu" in outcome.detail:
+            m.cpu_pinning_errors.inc()
+
+    def update_gauges(self) -> None:
+        m, cpu = self.metrics, self.books.cpu
+        m.shared_pool.set((cpu.available).bit_count() * 1000)
+        m.exclusive.set(cpu.exclusive.bit_count())
+        for node in self.topology.nodes:
+            mask = node.cpus.bits & cpu.online
+            allocatable = (mask & ~cpu.reserved).bit_count()
+            m.node_cpus_allocatable.labels(str(node.id)).set(allocatable)
+            m.node_cpus_allocated.labels(str(node.id)).set((mask & cpu.exclusive).bit_count())
+            table = self.books.memory.table
+            for (n, resource), cap in table.capacity.items():
+                if n == node.id:
+                    m.node_memory_allocatable.labels(str(n), resource).set(cap.allocatable)
+                    m.node_memory_allocated.labels(str(n), resource).set(
+                        self.books.memory.used(n, resource)
+                    )
 
     def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
         """Two workloads never write the same cgroup, nor one inside the other's."""
@@ -332,7 +385,7 @@ class Daemon:
     def reconcile(self) -> None:
         """Write every managed cgroup that exists (a new one is applied when it appears);
         release a workload whose cgroups have all gone; settle released cgroups."""
-        with self.lock:
+        with self.lock, self.metrics.reconcile_duration.time():
             self.written.clear()  # write everything: someone may have changed a cpuset
             for name, spec in list(self.specs.items()):
                 present = [self.cgroups.exists(spec.container_cgroup(c)) for c in spec.containers]
@@ -394,4 +447,5 @@ class Daemon:
             self.written[path] = (cpus, mems)
         except NumadError as err:
             self.written.pop(path, None)
+            self.metrics.cgroup_write_errors.inc()
             self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))

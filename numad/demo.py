@@ -35,6 +35,8 @@ reserved-count = 2
 policy = "none"
 [devices.vector-engine]
 class-prefix = "0x0b40"
+[metrics]
+port = 0  # any free port on loopback
 """
 SAMPLES: list[dict[str, Any]] = [
     {

@@ -145,7 +145,12 @@ class _Handler(BaseHTTPRequestHandler):
                 root = str(getattr(daemon.cgroups, "root", ""))
                 self._send(
                     status,
-                    {"ready": daemon.ready, "problems": daemon.problems, "cgroup_root": root},
+                    {
+                        "ready": daemon.ready,
+                        "problems": daemon.problems,
+                        "cgroup_root": root,
+                        "metrics": daemon.metrics_address,
+                    },
                 )
                 return
             if not daemon.ready:

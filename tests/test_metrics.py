@@ -1,0 +1,73 @@
+"""Metrics after real admissions and rejections: from the registry and from the live endpoint."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from numad.api.client import APIError
+from numad.metrics import Metrics
+from tests.test_daemon_e2e import Numad, _spec, numad
+
+__all__ = ["numad"]
+
+
+def _scrape(d: Numad) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    address = d.call("GET", "/v1/health")["metrics"]
+    host, _port = address.rsplit(":", 1)
+    assert host == "127.0.0.1"  # loopback by default
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_live_endpoint_after_admissions_and_a_rejection(numad: Numad) -> None:
+    numad.call("POST", "/v1/workloads", _spec("db", 4))
+    numad.call("POST", "/v1/workloads", _spec("web", "500m"))
+    with pytest.raises(APIError):  # refused: more CPUs than one node holds
+        numad.call("POST", "/v1/workloads", _spec("big", 20))
+    got = _scrape(numad)
+    assert got[("numad_topology_manager_admission_requests_total", ())] == 3
+    assert got[("numad_topology_manager_admission_errors_total", ())] == 1
+    assert got[("numad_admission_rejections_total", (("reason", "TopologyAffinityError"),))] == 1
+    numa = (("boundary", "numa_node"), ("scope", "container"))
+    assert got[("numad_container_aligned_compute_resources_total", numa)] == 2
+    assert got[("numad_container_aligned_compute_resources_failure_total", numa)] == 1
+    pod = (("boundary", "numa_node"), ("scope", "pod"))
+    assert got[("numad_container_aligned_compute_resources_total", pod)] == 0  # pre-created
+    assert got[("numad_cpu_manager_pinning_requests_total", ())] == 2
+    assert got[("numad_cpu_manager_exclusive_cpu_allocation_count", ())] == 4
+    assert got[("numad_cpu_manager_shared_pool_size_millicores", ())] == (32 - 2 - 4) * 1000
+    allocated = {
+        dict(labels)["numa_node"]: v
+        for (name, labels), v in got.items()
+        if name == "numad_node_cpus_allocated"
+    }
+    assert sum(allocated.values()) == 4
+    assert got[("numad_topology_manager_admission_duration_seconds_count", ())] == 3
+    assert got[("numad_build_info", (("version", "0.1.0"),))] == 1
+    numad.call("DELETE", "/v1/workloads/db")
+    assert _scrape(numad)[("numad_cpu_manager_exclusive_cpu_allocation_count", ())] == 0
+
+
+def test_buckets_resolve_sub_millisecond_admissions() -> None:
+    m = Metrics()
+    m.admission_duration.observe(0.0003)
+    assert (
+        m.registry.get_sample_value(
+            "numad_topology_manager_admission_duration_seconds_bucket", {"le": "0.0004"}
+        )
+        == 1
+    )
+    assert (
+        m.registry.get_sample_value(
+            "numad_topology_manager_admission_duration_seconds_bucket", {"le": "0.0002"}
+        )
+        == 0
+    )
