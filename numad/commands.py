@@ -16,12 +16,14 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from numad import notify
 from numad.api.client import request
 from numad.api.server import Server, outcome_json
 from numad.cgroup import detect_backend, make_scratch_v2
@@ -119,7 +121,7 @@ def build(config: Config, root: str | None) -> Daemon:
 def _serve(args: argparse.Namespace) -> int:
     config = load(args.config)
     daemon = build(config, args.root)
-    daemon.start()
+    daemon.start()  # ends with the first reconcile pass
     metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
     daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
     daemon.log.info("metrics_listening", address=daemon.metrics_address)
@@ -127,13 +129,25 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def shutdown(_sig: int, _frame: object) -> None:
+        notify.stopping()
         stop.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    def reload(_sig: int, _frame: object) -> None:
+        # Re-read the workloads directory; the config's host settings (policy,
+        # reserved CPUs) shape every decision made so far and need a restart.
+        notify.reloading()
+        threading.Thread(target=_reload, args=(daemon,), daemon=True).start()
+
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGHUP, reload)
     threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
+    interval = notify.watchdog_interval()
+    if interval:
+        threading.Thread(target=_watchdog_loop, args=(stop, interval), daemon=True).start()
     daemon.log.info("api_listening", socket=server.server_address)
+    notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
     server.serve_forever(poll_interval=0.5)
     server.server_close()
     metrics_server.shutdown()
@@ -141,9 +155,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reload(daemon: Daemon) -> None:
+    daemon.reload_workloads()
+    notify.ready(f"{len(daemon.specs)} workloads; reloaded")
+
+
 def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
     while not stop.wait(RECONCILE_SECONDS):
         daemon.reconcile()
+        notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
+
+
+def _watchdog_loop(stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        notify.watchdog()
 
 
 # -- clients ------------------------------------------------------------------------------------

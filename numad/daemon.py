@@ -127,6 +127,13 @@ class Daemon:
             return None
         return {n.id: dict(n.distances or {}) for n in topo.nodes}
 
+    def reload_workloads(self) -> None:
+        """SIGHUP: admit what the workloads directory declares anew."""
+        with self.lock:
+            self._declared()
+            self.update_gauges()
+        self.log.info("workloads_reloaded", workloads=len(self.specs))
+
     def _declared(self) -> None:
         """Admit the specs of the workloads directory that are not admitted yet."""
         directory = Path(self.config.paths.workloads_dir)

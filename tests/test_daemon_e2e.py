@@ -38,8 +38,8 @@ class Numad:
         self.cgroups = root / "sys" / "fs" / "cgroup"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, crash_at: str = "") -> None:
-        env = {**os.environ, "NUMAD_TEST_CRASH_AT": crash_at}
+    def start(self, crash_at: str = "", env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, **(env or {}), "NUMAD_TEST_CRASH_AT": crash_at}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
