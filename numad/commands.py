@@ -226,6 +226,9 @@ class _NoCgroups:
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         return None
 
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
 
 def _by_name(args: argparse.Namespace) -> int:
     if args.verb == "release":

@@ -40,6 +40,7 @@ class Cgroups(Protocol):
     def exists(self, path: str) -> bool: ...
     def ensure(self, path: str) -> None: ...
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
 
 
 class Log(Protocol):
@@ -79,6 +80,8 @@ class Daemon:
         self.orphans: set[str] = set()
         self.seen: set[str] = set()  # workloads whose cgroup has existed
         self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
+        self.drift: dict[str, tuple[int, int]] = {}  # cgroup -> (drifts in a row, next pass)
+        self.passes = 0
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
@@ -393,7 +396,8 @@ class Daemon:
         """Write every managed cgroup that exists (a new one is applied when it appears);
         release a workload whose cgroups have all gone; settle released cgroups."""
         with self.lock, self.metrics.reconcile_duration.time():
-            self.written.clear()  # write everything: someone may have changed a cpuset
+            self.passes += 1
+            self._find_drift()
             for name, spec in list(self.specs.items()):
                 present = [self.cgroups.exists(spec.container_cgroup(c)) for c in spec.containers]
                 if any(present):
@@ -405,6 +409,36 @@ class Daemon:
             for name in self.specs:
                 self._apply_workload(name)
             self._settle_orphans()
+
+    def _find_drift(self) -> None:
+        """Read back every cpuset numad wrote; one another writer changed is written
+        again below, and counted. A cgroup that keeps drifting is repaired less and
+        less often (up to every 64th pass) instead of fighting the other writer."""
+        for path, (cpus, mems) in list(self.written.items()):
+            try:
+                now_cpus, now_mems = self.cgroups.read(path)
+            except NumadError:
+                self.written.pop(path, None)  # gone or unreadable: rewrite if it is back
+                continue
+            if now_cpus.bits == cpus and (mems is None or now_mems == mems):
+                self.drift.pop(path, None)
+                continue
+            count, due = self.drift.get(path, (0, 0))
+            if self.passes < due:
+                continue  # backing off
+            count += 1
+            wait = 0 if count < 3 else min(64, 2 ** (count - 2))
+            self.drift[path] = (count, self.passes + wait)
+            self.written.pop(path)
+            self.metrics.drift_repairs.inc()
+            self.log.warning(
+                "cpuset_drift_repaired",
+                cgroup=path,
+                found=now_cpus.format_list(),
+                wanted=CPUSet.from_bits(cpus).format_list(),
+                in_a_row=count,
+                next_repair_in_passes=wait,
+            )
 
     def _settle_orphans(self) -> None:
         """Forget released cgroups that are gone (or belong to a workload again)."""
