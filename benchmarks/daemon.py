@@ -63,21 +63,14 @@ from typing import Any, NoReturn
 from numad.api.client import request
 from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet
+from numad.demo import CONFIG as DEMO_CONFIG
+from numad.demo import MACHINE
 from numad.errors import NumadError
 from numad.topology.record import load_fixture
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
-MACHINE = "32intel64-2p8co2t+8ve"
-CONFIG = """\
-[topology]
-policy = "{policy}"
-[cpu]
-reserved-count = 2
-[memory]
-policy = "none"
-[devices.vector-engine]
-class-prefix = "0x0b40"
-"""
+# The demo's machine and config, with the policy to be filled in.
+CONFIG = DEMO_CONFIG.replace('policy = "single-numa-node"', 'policy = "{policy}"')
 POLICIES = ("single-numa-node", "best-effort")
 RESIDENTS: tuple[dict[str, Any], ...] = (
     {"name": "web", "cgroup": "numad.slice/web", "cpus": "500m"},
