@@ -30,9 +30,10 @@ from numad.cgroup import detect_backend, make_scratch_v2
 from numad.config import Config, Paths, load
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
-from numad.errors import ConfigError
+from numad.errors import ConfigError, NumadError
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
+from numad.watch import debounce, udev_events
 
 RECONCILE_SECONDS = 10.0
 _FORMATS = {
@@ -143,6 +144,8 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, shutdown)
     signal.signal(signal.SIGHUP, reload)
     threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
+    if args.root is None:  # a recorded machine has no kernel to send uevents
+        threading.Thread(target=_hotplug_loop, args=(daemon, stop), daemon=True).start()
     interval = notify.watchdog_interval()
     if interval:
         threading.Thread(target=_watchdog_loop, args=(stop, interval), daemon=True).start()
@@ -164,6 +167,13 @@ def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
     while not stop.wait(RECONCILE_SECONDS):
         daemon.reconcile()
         notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
+
+
+def _hotplug_loop(daemon: Daemon, stop: threading.Event) -> None:
+    try:
+        debounce(udev_events(), lambda _burst: daemon.rediscover(), stop=stop)
+    except (OSError, ImportError, NumadError) as err:  # no netlink access: run without hotplug
+        daemon.log.warning("hotplug_unavailable", problem=str(err))
 
 
 def _watchdog_loop(stop: threading.Event, interval: float) -> None:

@@ -130,6 +130,79 @@ class Daemon:
             return None
         return {n.id: dict(n.distances or {}) for n in topo.nodes}
 
+    def rediscover(self) -> list[str]:
+        """Read the machine again after hotplug and keep every decision that still
+        holds. Documented outcomes: a CPU that went offline under an exclusive
+        assignment is replaced by a free CPU of the same NUMA nodes (reassigned),
+        or, if none is free, the container keeps the rest and is flagged; CPUs
+        and nodes that appear join the shared pool and the merge's nodes; a held
+        device that left is dropped from its container and flagged."""
+        with self.lock:
+            topo = discover(HostFS(self.fs.root))
+            view = CPUTopology.from_topology(topo)
+            old, changes, old_topology = self.books, [], self.topology
+            gone = old.cpu.online & ~view.all
+            self.topology = topo
+            self.cpu_policy = StaticPolicy(view, self.cpu_policy.options)
+            machine = Machine(topo.node_ids, self._distances(topo))
+            self.engine = replace(self.engine, machine=machine, cpu_policy=self.cpu_policy)
+            cpu = CPUState(
+                view.all,
+                old.cpu.reserved & view.all,
+                old.cpu.strict,
+                {k: v & view.all for k, v in old.cpu.assignments.items()},
+            )
+            inventory = DeviceInventory.build(topo, self.config.device_classes)
+            present = {d.address for devices in inventory.classes.values() for d in devices}
+            held = {}
+            for key, per_class in old.devices.held.items():
+                kept = {
+                    c: tuple(a for a in addrs if a in present) for c, addrs in per_class.items()
+                }
+                for c, addrs in per_class.items():
+                    for a in set(addrs) - set(kept[c]):
+                        changes.append(f"{key[0]}/{key[1]}: device {a} ({c}) left; flagged")
+                held[key] = kept
+            table = MemoryTable.build(topo, self.config.memory_reserved)
+            books = Books(cpu, replace(old.memory, table=table), DeviceState(inventory, held))
+            for key, before in sorted(old.cpu.assignments.items()):
+                lost = before & gone
+                if lost:
+                    nodes = NodeSet(n.id for n in old_topology.nodes if n.cpus.bits & before)
+                    books, change = self._reassign(books, key, before, lost, nodes)
+                    changes.append(change)
+            changes += [f"memory: {c}" for c in books.memory.conflicts()]
+            self.books = books
+            self._checkpoint()
+            self.written.clear()
+            self.problems += [c for c in changes if "flagged" in c or c.startswith("memory")]
+        self.reconcile()
+        self.update_gauges()
+        self.log.info("topology_rediscovered", changes=changes, cpus=len(self.topology.online_cpus))
+        return changes
+
+    def _reassign(
+        self, books: Books, key: tuple[str, str], before: int, lost: int, nodes: NodeSet
+    ) -> tuple[Books, str]:
+        where = f"{key[0]}/{key[1]}"
+        lost_text = CPUSet.from_bits(lost).format_list()
+        try:
+            extra = self.cpu_policy.allocate(
+                books.cpu.available, lost.bit_count(), nodes, reserved=books.cpu.reserved
+            )
+        except NumadError:
+            return (
+                books,
+                f"{where}: cpus {lost_text} went offline; none free to replace them; flagged",
+            )
+        assignments = dict(books.cpu.assignments)
+        assignments[key] = (before & ~lost) | extra
+        cpu = replace(books.cpu, assignments=assignments)
+        replaced = CPUSet.from_bits(extra).format_list()
+        return replace(
+            books, cpu=cpu
+        ), f"{where}: cpus {lost_text} went offline; reassigned {replaced}"
+
     def reload_workloads(self) -> None:
         """SIGHUP: admit what the workloads directory declares anew."""
         with self.lock:

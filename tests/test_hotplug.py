@@ -1,0 +1,113 @@
+"""Hotplug: a fixture tree mutated between discoveries, and a simulated event source."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from numad.cgroup import scratch_mkdir
+from numad.commands import build
+from numad.config import parse
+from numad.cpuset import CPUSet
+from numad.daemon import Daemon
+from numad.watch import Event, debounce
+from tests.conftest import Machines
+
+MACHINE = "32intel64-2p8co2t+8ve"  # node 0: CPUs 0-7,16-23; vector engines on node 0
+NODE0 = CPUSet.parse_list("0-7,16-23")
+
+
+def _daemon(machines: Machines, tmp_path: Path) -> Daemon:
+    root = tmp_path / "machine"
+    shutil.copytree(machines.root(MACHINE), root, symlinks=True)
+    config = parse(
+        {
+            "topology": {"policy": "single-numa-node"},
+            "cpu": {"reserved-count": 2},
+            "memory": {"policy": "none"},
+            "devices": {"ve": {"class-prefix": "0x0b40"}},
+        }
+    )
+    daemon = build(config, str(root))
+    daemon.start()
+    scratch_mkdir(root / "sys/fs/cgroup", "numad.slice/db")
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4, "devices": {"ve": 1}}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    return daemon
+
+
+def _root(daemon: Daemon) -> Path:
+    return Path(str(daemon.fs.root))
+
+
+def _held(daemon: Daemon) -> CPUSet:
+    return CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
+
+
+def test_a_cpu_going_offline_under_an_assignment_is_replaced(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    online = CPUSet.parse_list("0-31") - CPUSet([victim])
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    changes = daemon.rediscover()
+    after = _held(daemon)
+    assert len(after) == 4
+    assert victim not in after
+    assert after.issubset(NODE0)  # the replacement is on the same node
+    assert (before - CPUSet([victim])).issubset(after)  # the other CPUs stay
+    assert any("reassigned" in c for c in changes)
+    cgroup = _root(daemon) / "sys/fs/cgroup/numad.slice/db/cpuset.cpus"
+    assert CPUSet.parse_list(cgroup.read_text()) == after
+
+
+def test_no_free_cpu_to_replace_it_flags_the_container(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    # Only db's CPUs and the reserved ones stay online: nothing free to take over.
+    online = (before | CPUSet([0, 16])) - CPUSet([victim])
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    changes = daemon.rediscover()
+    assert _held(daemon) == before - CPUSet([victim])
+    assert any("flagged" in c for c in changes)
+    assert any("flagged" in p for p in daemon.problems)
+
+
+def test_cpus_coming_online_join_the_shared_pool(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    cpu_online = _root(daemon) / "sys/devices/system/cpu/online"
+    cpu_online.write_text("0-30\n")
+    daemon.rediscover()
+    assert 31 not in CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    cpu_online.write_text("0-31\n")
+    daemon.rediscover()
+    assert 31 in CPUSet.from_bits(daemon.books.cpu.shared_pool)
+
+
+def test_a_device_leaving_is_dropped_and_flagged(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    (address,) = daemon.books.devices.held[("db", "main")]["ve"]
+    (_root(daemon) / "sys/bus/pci/devices" / address).unlink()
+    changes = daemon.rediscover()
+    assert daemon.books.devices.held[("db", "main")]["ve"] == ()
+    assert any(address in c and "flagged" in c for c in changes)
+    assert daemon.books.devices.inventory.classes["ve"]  # the other engines are still there
+
+
+def test_events_are_debounced_into_bursts() -> None:
+    def source() -> Iterator[Event]:
+        for i in range(5):  # a hot-add brings several events at once
+            yield ("cpu", f"online-{i}")
+        time.sleep(0.5)
+        yield ("pci", "remove")
+
+    bursts: list[list[Event]] = []
+    debounce(source(), bursts.append, quiet=0.2)
+    assert [len(b) for b in bursts] == [5, 1]
+    assert bursts[1] == [("pci", "remove")]
