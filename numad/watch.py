@@ -28,7 +28,7 @@ def udev_events() -> Iterator[Event]:
 
 def debounce(
     source: Iterable[Event],
-    on_change: Callable[[list[Event]], None],
+    on_change: Callable[[list[Event]], object],
     *,
     quiet: float = 1.0,
     stop: threading.Event | None = None,
