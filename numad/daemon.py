@@ -82,6 +82,7 @@ class Daemon:
         self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
         self.drift: dict[str, tuple[int, int]] = {}  # cgroup -> (drifts in a row, next pass)
         self.passes = 0
+        self.repairs = 0
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
@@ -468,6 +469,8 @@ class Daemon:
     def reconcile(self) -> None:
         """Write every managed cgroup that exists (a new one is applied when it appears);
         release a workload whose cgroups have all gone; settle released cgroups."""
+        started = time.perf_counter()
+        repairs = self.repairs
         with self.lock, self.metrics.reconcile_duration.time():
             self.passes += 1
             self._find_drift()
@@ -482,6 +485,12 @@ class Daemon:
             for name in self.specs:
                 self._apply_workload(name)
             self._settle_orphans()
+        self.log.info(  # the one line per reconcile pass
+            "reconcile_completed",
+            workloads=len(self.specs),
+            drift_repaired=self.repairs - repairs,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
 
     def _find_drift(self) -> None:
         """Read back every cpuset numad wrote; one another writer changed is written
@@ -504,6 +513,7 @@ class Daemon:
             self.drift[path] = (count, self.passes + wait)
             self.written.pop(path)
             self.metrics.drift_repairs.inc()
+            self.repairs += 1
             self.log.warning(
                 "cpuset_drift_repaired",
                 cgroup=path,

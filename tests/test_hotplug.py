@@ -11,7 +11,7 @@ from pathlib import Path
 from numad.cgroup import scratch_mkdir
 from numad.commands import build
 from numad.config import parse
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.watch import Event, debounce
 from tests.conftest import Machines
@@ -111,3 +111,21 @@ def test_events_are_debounced_into_bursts() -> None:
     debounce(source(), bursts.append, quiet=0.2)
     assert [len(b) for b in bursts] == [5, 1]
     assert bursts[1] == [("pci", "remove")]
+
+
+def test_a_node_appearing_joins_the_merge_and_the_pool(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    node_online = _root(daemon) / "sys/devices/system/node/online"
+    node_online.write_text("0\n")  # node 1 gone (its CPUs then sit on no node)
+    daemon.rediscover()
+    assert daemon.engine.machine.nodes == NodeSet([0])
+    assert CPUSet.from_bits(daemon.books.cpu.online).issubset(NODE0)
+    node_online.write_text("0-1\n")  # and back
+    daemon.rediscover()
+    assert daemon.engine.machine.nodes == NodeSet([0, 1])
+    assert CPUSet.from_bits(daemon.books.cpu.shared_pool).issuperset(
+        CPUSet.parse_list("8-15,24-31")
+    )
+    spec = {"name": "web", "cgroup": "numad.slice/web", "cpus": 8}
+    outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
+    assert outcome.admitted  # 8 CPUs on one node: node 1 is usable again
