@@ -17,11 +17,8 @@ from hypothesis import strategies as st
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
 from numad.hints import Hint
-from numad.hostfs import HostFS
 from numad.managers.device import DeviceClass, DeviceInventory, DeviceState, Key
-from numad.topology.discover import discover
 from numad.topology.model import NumaNode, PciDevice, Topology
-from tests.conftest import Machines
 
 INTEL = "32intel64-2p8co2t+8ve"  # 2 nodes; every PCI device on node 0
 VES = [
@@ -73,18 +70,6 @@ def _take(state: DeviceState, held: list[str], key: Key = ("other", "c")) -> Dev
     if not held:
         return state
     return replace(state, held={**state.held, key: {"gpu": tuple(held)}})
-
-
-@pytest.fixture(scope="module")
-def recorded(machines: Machines) -> Callable[[str], Topology]:
-    cache: dict[str, Topology] = {}
-
-    def topology(name: str) -> Topology:
-        if name not in cache:
-            cache[name] = discover(HostFS(machines.root(name)))
-        return cache[name]
-
-    return topology
 
 
 # -- classes ------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
-from numad.hostfs import HostFS
 from numad.managers.memory import (
     MEMORY,
     Block,
@@ -27,9 +26,7 @@ from numad.managers.memory import (
     MemoryTable,
     hugepage_resource,
 )
-from numad.topology.discover import discover
 from numad.topology.model import HugePages, NumaNode, Topology
-from tests.conftest import Machines
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -76,18 +73,6 @@ def _setup(state: MemoryState, blocks: list[tuple[tuple[int, ...], int]]) -> Mem
     for i, (mask, gib) in enumerate(blocks):
         state = state.allocate((f"s{i}", "c"), {MEMORY: gib * GiB}, NodeSet(mask))
     return state
-
-
-@pytest.fixture(scope="module")
-def recorded(machines: Machines) -> Callable[[str], Topology]:
-    cache: dict[str, Topology] = {}
-
-    def topology(name: str) -> Topology:
-        if name not in cache:
-            cache[name] = discover(HostFS(machines.root(name)))
-        return cache[name]
-
-    return topology
 
 
 # -- the table ------------------------------------------------------------------------
