@@ -87,8 +87,8 @@ def add_commands(sub: Any) -> None:
     run.set_defaults(command=_run)
 
 
-def _socket(args: argparse.Namespace, config: Config | None = None) -> str:
-    return str(getattr(args, "socket", None) or (config or Config()).paths.socket)
+def _socket(args: argparse.Namespace) -> str:
+    return str(getattr(args, "socket", None) or Config().paths.socket)
 
 
 # -- serve ----------------------------------------------------------------------------------

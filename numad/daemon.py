@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,12 +49,6 @@ class Log(Protocol):
     def error(self, event: str, **kw: Any) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    spec: WorkloadSpec
-    outcome: Outcome
-
-
 class Daemon:
     def __init__(  # noqa: PLR0917 - the composition root takes every part
         self,
@@ -80,6 +74,7 @@ class Daemon:
         self.orphans: set[str] = set()
         self.seen: set[str] = set()  # workloads whose cgroup has existed
         self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
+        self.ensured: set[str] = set()  # cgroups whose ancestors have cpuset enabled
         self.drift: dict[str, tuple[int, int]] = {}  # cgroup -> (drifts in a row, next pass)
         self.passes = 0
         self.repairs = 0
@@ -566,10 +561,13 @@ class Daemon:
         try:
             if not self.cgroups.exists(path):
                 return  # applied when the cgroup appears (next reconcile)
-            self.cgroups.ensure(path)
+            if path not in self.ensured:  # the ancestors' controllers, once per cgroup
+                self.cgroups.ensure(path)
+                self.ensured.add(path)
             self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
             self.written[path] = (cpus, mems)
         except NumadError as err:
             self.written.pop(path, None)
+            self.ensured.discard(path)  # set it up again next time: the tree may have changed
             self.metrics.cgroup_write_errors.inc()
             self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))
