@@ -239,6 +239,9 @@ class _NoCgroups:
     def read(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()
 
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
 
 def _by_name(args: argparse.Namespace) -> int:
     if args.verb == "release":

@@ -41,6 +41,7 @@ class Cgroups(Protocol):
     def ensure(self, path: str) -> None: ...
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
     def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
 
 
 class Log(Protocol):
@@ -555,19 +556,60 @@ class Daemon:
 
     def _write(self, path: str, cpus: int, mems: NodeSet | None) -> None:
         """Write a cgroup's cpuset, unless this pass already wrote that value there
-        (the reconcile pass forgets what was written and writes everything)."""
+        (the reconcile pass forgets what was written and writes everything). A write
+        the kernel does not apply as written is not remembered: the next pass writes
+        and checks it again."""
         if self.written.get(path) == (cpus, mems):
             return
         try:
             if not self.cgroups.exists(path):
+                self._effective_problem(path, None)  # gone: nothing left to report
                 return  # applied when the cgroup appears (next reconcile)
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
                 self.ensured.add(path)
             self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
-            self.written[path] = (cpus, mems)
+            if self._effective(path, CPUSet.from_bits(cpus), mems):
+                self.written[path] = (cpus, mems)
         except NumadError as err:
             self.written.pop(path, None)
             self.ensured.discard(path)  # set it up again next time: the tree may have changed
             self.metrics.cgroup_write_errors.inc()
             self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))
+
+    def _effective(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> bool:
+        """Whether the kernel applies the cpuset just written, read back from the
+        effective files. A write can succeed and the kernel apply another set: mems
+        naming a node without memory fall back to the parent's, CPUs outside the
+        parent's effective set are masked off, an offline CPU is dropped. Such a
+        cgroup is logged, counted and listed in ``problems`` until a write applies."""
+        now_cpus, now_mems = self.cgroups.read_effective(path)
+        if (not cpus or cpus == now_cpus) and (not mems or mems == now_mems):
+            self._effective_problem(path, None)
+            return True
+        written = [f"cpus {cpus.format_list()}"] if cpus else []
+        written += [f"mems {mems.format_list()}"] if mems else []
+        applied = f"cpus {now_cpus.format_list()} mems {now_mems.format_list()}"
+        self._effective_problem(
+            path,
+            f"{path}: the kernel applies {applied}, not {' '.join(written)}"
+            " (CPUs outside the parent's cpuset, or a node without memory)",
+        )
+        self.metrics.cgroup_not_effective.inc()
+        self.log.error(
+            "cpuset_not_effective",
+            cgroup=path,
+            wanted_cpus=cpus.format_list(),
+            effective_cpus=now_cpus.format_list(),
+            wanted_mems=mems.format_list() if mems else "",
+            effective_mems=now_mems.format_list(),
+        )
+        return False
+
+    def _effective_problem(self, path: str, problem: str | None) -> None:
+        """Keep at most one line in ``problems`` about ``path``'s effective cpuset."""
+        prefix = f"{path}: the kernel applies "
+        kept = [p for p in self.problems if not p.startswith(prefix) or p == problem]
+        if problem is not None and problem not in kept:
+            kept.append(problem)
+        self.problems = kept  # a new list: the health endpoint reads it without the lock

@@ -100,6 +100,12 @@ class Metrics:
         self.cgroup_write_errors = Counter(
             "numad_cgroup_write_errors", "Failed cgroup writes.", registry=r
         )
+        self.cgroup_not_effective = Counter(
+            "numad_cgroup_not_effective",
+            "cpuset writes after which the kernel applied another cpuset than the one"
+            " written (e.g. mems without memory, CPUs outside the parent's cpuset).",
+            registry=r,
+        )
         self.drift_repairs = Counter(
             "numad_drift_repairs",
             "cpusets rewritten after another writer changed them.",

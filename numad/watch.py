@@ -9,17 +9,27 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 Event = tuple[str, str]  # (subsystem, action)
 SUBSYSTEMS = ("cpu", "node", "memory", "pci")
+UDEV_CONTROL = Path("/run/udev/control")  # the running udev daemon's control socket
+
+
+def netlink_source(udev_control: Path) -> str:
+    """The netlink source to listen to: ``"udev"`` (events udev has processed) when
+    udev runs, told by its control socket ``udev_control``; else ``"kernel"`` (the raw
+    uevents), because udev's events never come on a host without udev."""
+    return "udev" if udev_control.exists() else "kernel"
 
 
 def udev_events() -> Iterator[Event]:
-    """Kernel uevents of the subsystems that change numad's topology, as they come."""
+    """Kernel uevents of the subsystems that change numad's topology, as they come:
+    from udev when it runs, else straight from the kernel (``netlink_source``)."""
     import pyudev  # noqa: PLC0415 - imported only where numad really watches a host
 
     context = pyudev.Context()
-    monitor = pyudev.Monitor.from_netlink(context)
+    monitor = pyudev.Monitor.from_netlink(context, source=netlink_source(UDEV_CONTROL))
     for subsystem in SUBSYSTEMS:
         monitor.filter_by(subsystem)
     for device in iter(monitor.poll, None):

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from numad import watch
 from numad.cgroup import scratch_mkdir
 from numad.commands import build
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
-from numad.watch import Event, debounce
+from numad.watch import Event, debounce, netlink_source
 from tests.conftest import Machines
 
 MACHINE = "32intel64-2p8co2t+8ve"  # node 0: CPUs 0-7,16-23; vector engines on node 0
@@ -129,3 +135,31 @@ def test_a_node_appearing_joins_the_merge_and_the_pool(machines: Machines, tmp_p
     spec = {"name": "web", "cgroup": "numad.slice/web", "cpus": 8}
     outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
     assert outcome.admitted  # 8 CPUs on one node: node 1 is usable again
+
+
+def test_the_netlink_source_is_udev_only_where_udev_runs(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    assert netlink_source(control) == "kernel"  # no udev daemon: raw kernel uevents
+    control.touch()  # udevd's control socket
+    assert netlink_source(control) == "udev"
+
+
+@pytest.mark.parametrize("udev_runs", [False, True])
+def test_udev_events_listens_to_the_source_that_delivers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, udev_runs: bool
+) -> None:
+    control = tmp_path / "control"
+    if udev_runs:
+        control.touch()
+    sources: list[str] = []
+    events = iter([SimpleNamespace(subsystem="cpu", action="online"), None])
+
+    def from_netlink(context: object, source: str = "udev") -> Any:
+        sources.append(source)
+        return SimpleNamespace(filter_by=lambda subsystem: None, poll=lambda: next(events))
+
+    fake = SimpleNamespace(Context=object, Monitor=SimpleNamespace(from_netlink=from_netlink))
+    monkeypatch.setitem(sys.modules, "pyudev", fake)
+    monkeypatch.setattr(watch, "UDEV_CONTROL", control)
+    assert list(watch.udev_events()) == [("cpu", "online")]
+    assert sources == ["udev" if udev_runs else "kernel"]

@@ -13,11 +13,11 @@ from numad.errors import NumadError
 class APIError(NumadError):
     """The daemon answered with an error (``status``, ``body``)."""
 
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    def __init__(self, status: int, body: dict[str, Any], subject: str = "numad API") -> None:
         self.status = status
         self.body = body
         error = body.get("error", {})
-        super().__init__("numad", error.get("message", f"HTTP {status}"))
+        super().__init__(subject, error.get("message", f"HTTP {status}"))
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -58,5 +58,5 @@ def request(
     finally:
         conn.close()
     if response.status >= 400:
-        raise APIError(response.status, data)
+        raise APIError(response.status, data, f"{method} {path}")
     return data  # type: ignore[no-any-return]

@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "topology_affinity"
                     if outcome.reason and "Topology" in outcome.reason
                     else "allocation",
-                    f"{spec.name}: {why['explanation'] or why['detail']}",
+                    f"{spec.name}: rejected: {why['explanation'] or why['detail']}",
                     **why,
                 )
         elif len(parts) == 3 and parts[:2] == ["v1", "workloads"] and method == "GET":

@@ -1,0 +1,38 @@
+"""The VM tier: skipped with the reason where QEMU or a kernel cannot be had, except in
+CI (``CI`` set), where ``.ci/run`` installs what it needs and a skip would hide a gap."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import pytest
+
+from tests.vm import harness
+
+
+@pytest.fixture(scope="session")
+def vm_ready() -> None:
+    reason = _unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"the VM tier must run in CI: {reason}")
+    pytest.skip(reason)
+
+
+def _unavailable() -> str | None:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return "the VM tier boots x86_64 Debian kernels on a Linux x86_64 host"
+    missing = harness.missing_tools()
+    if missing:
+        return (
+            f"Debian packages {', '.join(missing)} are missing"
+            " (scripts/check installs them when run as root)"
+        )
+    try:
+        for line in harness.KERNELS:
+            harness.kernel(line)
+    except (harness.VMError, OSError) as err:
+        return f"no Debian kernel to boot: {err}"
+    return None

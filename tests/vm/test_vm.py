@@ -1,0 +1,52 @@
+"""Real-kernel tests: one QEMU VM per (machine, kernel), each running the in-guest
+checks of tests/vm/guest/checks.py against numad on the real /sys and cgroups."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.vm import harness
+from tests.vm.topologies import MACHINES
+
+CHECKS = "tests/vm/guest/checks.py"
+CASES = [
+    *(pytest.param(m, k, "v2", id=f"{m}-{k}") for m in MACHINES for k in harness.KERNELS),
+    pytest.param("2node", "6.1", "v1", id="2node-6.1-cgroup-v1"),
+]
+
+
+@pytest.mark.vm
+@pytest.mark.parametrize(("machine", "line", "cgroup"), CASES)
+def test_numad_on_a_real_kernel(
+    vm_ready: None, machine: str, line: str, cgroup: str, tmp_path: Path
+) -> None:
+    topology = MACHINES[machine]
+    expected = {**topology.expected(), "cgroup": cgroup}
+    command = [sys.executable, "-m", "pytest", CHECKS, "-p", "no:cacheprovider"]
+    command += ["--noconftest", "-q", "-rfEs", "--junitxml=/vmctl/junit.xml"]
+    result = harness.boot(
+        harness.kernel(line),
+        topology.qemu_args(),
+        command,
+        tmp_path,
+        memory_mib=topology.memory_mib,
+        cgroup=cgroup,
+        files={"expected.json": json.dumps(expected)},
+    )
+    print(f"{machine} on {line} ({cgroup}): {result.seconds:.1f} s in the VM")
+    report = result.out / "junit.xml"
+    assert report.is_file(), f"the guest's pytest wrote no report:\n{result.stderr[-3000:]}"
+    tree = ET.parse(report)  # noqa: S314 - written by our own guest
+    suite = tree.getroot().find("testsuite")
+    assert suite is not None
+    ran = int(suite.get("tests", 0)) - int(suite.get("skipped", 0))
+    serve_log = (result.out / "serve.log").read_text(errors="replace")[-3000:]
+    assert result.rc == 0, (
+        f"in-guest checks failed:\n{result.stdout[-6000:]}\nnumad serve's log:\n{serve_log}"
+    )
+    assert ran >= 8, f"only {ran} in-guest checks ran:\n{result.stdout[-3000:]}"
