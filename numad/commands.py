@@ -12,30 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import tempfile
-import threading
-import time
-from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import structlog
-
-from numad import notify
+from numad import defaults
 from numad.api.client import request
-from numad.api.server import Server, outcome_json
-from numad.cgroup import detect_backend, make_scratch_v2
-from numad.config import Config, Paths, load
-from numad.cpuset import CPUSet, NodeSet
-from numad.daemon import Daemon
-from numad.errors import ConfigError, NumadError
-from numad.hostfs import HostFS
-from numad.topology.discover import discover
-from numad.watch import debounce, udev_events
+from numad.errors import ConfigError
 
-RECONCILE_SECONDS = 10.0
 _FORMATS = {
     ".json": "application/json",
     ".toml": "application/toml",
@@ -88,100 +73,22 @@ def add_commands(sub: Any) -> None:
 
 
 def _socket(args: argparse.Namespace) -> str:
-    return str(getattr(args, "socket", None) or Config().paths.socket)
-
-
-# -- serve ----------------------------------------------------------------------------------
-
-
-def build(config: Config, root: str | None) -> Daemon:
-    """The daemon for the host (root None) or for the recorded machine under ``root``."""
-    log = structlog.get_logger("numad")
-    if root is None:
-        fs = HostFS("/")
-        cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
-        return Daemon(config, fs, cgroups, Path(config.paths.state_dir), log)
-    base = Path(root).resolve()
-    fs = HostFS(base)
-    cgroup_root = base / config.paths.cgroup_root.lstrip("/")
-    if not (cgroup_root / "cgroup.controllers").exists():
-        topo = discover(fs)
-        make_scratch_v2(
-            cgroup_root, topo.online_cpus, NodeSet(n.id for n in topo.nodes if n.memory_total_kb)
-        )
-    cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
-    paths = replace(
-        config.paths,
-        state_dir=str(base / config.paths.state_dir.lstrip("/")),
-        socket=str(base / config.paths.socket.lstrip("/")),
-        workloads_dir=str(base / config.paths.workloads_dir.lstrip("/")),
-    )
-    return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    config = load(args.config)
-    daemon = build(config, args.root)
-    daemon.start()  # ends with the first reconcile pass
-    metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
-    daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
-    daemon.log.info("metrics_listening", address=daemon.metrics_address)
-    server = Server(args.socket or daemon.config.paths.socket, daemon)
-    stop = threading.Event()
-
-    def shutdown(_sig: int, _frame: object) -> None:
-        notify.stopping()
-        stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    def reload(_sig: int, _frame: object) -> None:
-        # Re-read the workloads directory; the config's host settings (policy,
-        # reserved CPUs) shape every decision made so far and need a restart.
-        notify.reloading()
-        threading.Thread(target=_reload, args=(daemon,), daemon=True).start()
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    signal.signal(signal.SIGHUP, reload)
-    threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
-    if args.root is None:  # a recorded machine has no kernel to send uevents
-        threading.Thread(target=_hotplug_loop, args=(daemon, stop), daemon=True).start()
-    interval = notify.watchdog_interval()
-    if interval:
-        threading.Thread(target=_watchdog_loop, args=(stop, interval), daemon=True).start()
-    daemon.log.info("api_listening", socket=server.server_address)
-    notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
-    server.serve_forever(poll_interval=0.5)
-    server.server_close()
-    metrics_server.shutdown()
-    daemon.log.info("daemon_stopped")
-    return 0
-
-
-def _reload(daemon: Daemon) -> None:
-    daemon.reload_workloads()
-    notify.ready(f"{len(daemon.specs)} workloads; reloaded")
-
-
-def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
-    while not stop.wait(RECONCILE_SECONDS):
-        daemon.reconcile()
-        notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
-
-
-def _hotplug_loop(daemon: Daemon, stop: threading.Event) -> None:
-    try:
-        debounce(udev_events(), lambda _burst: daemon.rediscover(), stop=stop)
-    except (OSError, ImportError, NumadError) as err:  # no netlink access: run without hotplug
-        daemon.log.warning("hotplug_unavailable", problem=str(err))
-
-
-def _watchdog_loop(stop: threading.Event, interval: float) -> None:
-    while not stop.wait(interval):
-        notify.watchdog()
+    return str(getattr(args, "socket", None) or defaults.SOCKET)
 
 
 # -- clients ------------------------------------------------------------------------------------
+
+
+def _service() -> ModuleType:
+    """The daemon's side, imported only by the commands that need it: a client
+    (admit, list, release...) starts without numpy, the managers or the server."""
+    from numad import service  # noqa: PLC0415
+
+    return service
+
+
+def _serve(args: argparse.Namespace) -> int:
+    return _service().serve(args)  # type: ignore[no-any-return]
 
 
 def _read_spec(path: Path) -> tuple[str, str]:
@@ -206,14 +113,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.root is None and args.config is None and os.path.exists(_socket(args)):
         result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:
-        with tempfile.TemporaryDirectory(prefix="numad-plan-") as scratch:
-            # An offline plan reads the machine and writes nothing: no cgroups,
-            # and its (empty) checkpoint goes to a scratch directory.
-            config = load(args.config)
-            fs = HostFS(Path(args.root).resolve() if args.root else "/")
-            daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
-            daemon.start()
-            result = outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))
+        result = _service().plan_offline(args.config, args.root, text, kind)
     if args.json:
         _print(result)
     else:
@@ -222,25 +122,6 @@ def _plan(args: argparse.Namespace) -> int:
             cpus, mems = c["cpus"] or "(shared pool)", c["mems"] or "(any)"
             print(f"  {name}: cpus {cpus} mems {mems} devices {c['devices']}")
     return 0 if result["admitted"] else 3
-
-
-class _NoCgroups:
-    """An offline plan writes nothing."""
-
-    def exists(self, path: str) -> bool:
-        return False
-
-    def ensure(self, path: str) -> None:
-        return None
-
-    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
-        return None
-
-    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
-        return CPUSet(), NodeSet()
-
-    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
-        return CPUSet(), NodeSet()
 
 
 def _by_name(args: argparse.Namespace) -> int:
@@ -265,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     name = args.name or f"run-{os.getpid()}"
     spec: dict[str, Any] = {
         "name": name,
-        "cgroup": f"{Paths().managed_roots[0]}/{name}",
+        "cgroup": f"{defaults.MANAGED_ROOT}/{name}",
         "cpus": args.cpus,
     }
     if args.memory:
@@ -275,9 +156,7 @@ def _run(args: argparse.Namespace) -> int:
     # Join the cgroup first, so that the daemon applies the cpuset at admission.
     health = request(_socket(args), "GET", "/v1/health")
     procs = (
-        Path(health.get("cgroup_root") or Config().paths.cgroup_root)
-        / spec["cgroup"]
-        / "cgroup.procs"
+        Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"] / "cgroup.procs"
     )
     if not procs.parent.is_dir():
         procs.parent.mkdir(parents=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from numad import defaults
 from numad.errors import ConfigError
 from numad.managers.device import DeviceClass
 from numad.policy import Policy
@@ -58,11 +59,11 @@ _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
 @dataclass(frozen=True, slots=True)
 class Paths:
-    cgroup_root: str = "/sys/fs/cgroup"
-    managed_roots: tuple[str, ...] = ("numad.slice",)
-    state_dir: str = "/var/lib/numad"
-    socket: str = "/run/numad/numad.sock"
-    workloads_dir: str = "/etc/numad/workloads.d"
+    cgroup_root: str = defaults.CGROUP_ROOT
+    managed_roots: tuple[str, ...] = (defaults.MANAGED_ROOT,)
+    state_dir: str = defaults.STATE_DIR
+    socket: str = defaults.SOCKET
+    workloads_dir: str = defaults.WORKLOADS_DIR
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,10 @@ def udev_events() -> Iterator[Event]:
     monitor = pyudev.Monitor.from_netlink(context, source=netlink_source(UDEV_CONTROL))
     for subsystem in SUBSYSTEMS:
         monitor.filter_by(subsystem)
-    for device in iter(monitor.poll, None):
+    while True:
+        device = monitor.poll()
+        if device is None:  # a message libudev filtered out (raw kernel uevents reach it)
+            continue
         yield str(device.subsystem), str(device.action)
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from numad.topology.record import load_fixture
 
@@ -34,3 +36,11 @@ class Machines:
 @pytest.fixture(scope="session")
 def machines(tmp_path_factory: pytest.TempPathFactory) -> Machines:
     return Machines(tmp_path_factory.mktemp("machines"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """A test that runs numad's CLI configures logging onto pytest's captured stderr,
+    which is closed after that test: later tests must not write to it."""
+    yield
+    structlog.reset_defaults()

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 from numad.cgroup import scratch_mkdir
-from numad.commands import build
 from numad.config import parse
 from numad.cpuset import CPUSet
 from numad.daemon import Daemon
+from numad.service import build
 from tests.conftest import Machines
 
 MACHINE = "32intel64-2p8co2t+8ve"

@@ -12,11 +12,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from numad.cgroup import scratch_mkdir
-from numad.commands import build
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
+from numad.service import build
 from tests.conftest import Machines
 
 MACHINE = "32intel64-2p8co2t+8ve"

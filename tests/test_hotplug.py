@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import sys
@@ -15,10 +16,10 @@ import pytest
 
 from numad import watch
 from numad.cgroup import scratch_mkdir
-from numad.commands import build
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
+from numad.service import build
 from numad.watch import Event, debounce, netlink_source
 from tests.conftest import Machines
 
@@ -152,7 +153,13 @@ def test_udev_events_listens_to_the_source_that_delivers(
     if udev_runs:
         control.touch()
     sources: list[str] = []
-    events = iter([SimpleNamespace(subsystem="cpu", action="online"), None])
+    events = iter(  # None: a message libudev filtered out, which must not end the stream
+        [
+            SimpleNamespace(subsystem="cpu", action="online"),
+            None,
+            SimpleNamespace(subsystem="node", action="add"),
+        ]
+    )
 
     def from_netlink(context: object, source: str = "udev") -> Any:
         sources.append(source)
@@ -161,5 +168,5 @@ def test_udev_events_listens_to_the_source_that_delivers(
     fake = SimpleNamespace(Context=object, Monitor=SimpleNamespace(from_netlink=from_netlink))
     monkeypatch.setitem(sys.modules, "pyudev", fake)
     monkeypatch.setattr(watch, "UDEV_CONTROL", control)
-    assert list(watch.udev_events()) == [("cpu", "online")]
+    assert list(itertools.islice(watch.udev_events(), 2)) == [("cpu", "online"), ("node", "add")]
     assert sources == ["udev" if udev_runs else "kernel"]

@@ -6,6 +6,7 @@ machines are handled where they are met, each with a comment naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -116,6 +117,25 @@ def group_packages(facts: dict[int, CPUFacts]) -> tuple[tuple[Package, ...], dic
     packages = tuple(Package(id=p, cpus=CPUSet(cpus)) for p, cpus in sorted(by_id.items()))
     owner = {c: p.id for p in packages for c in p.cpus}
     return packages, owner
+
+
+def dies_within_packages(facts: dict[int, CPUFacts], owner: dict[int, int]) -> dict[int, CPUFacts]:
+    """``die`` as the die's index within its package, whatever the kernel numbers.
+
+    Quirk: ``die_id`` counts within the package up to Linux 6.8 and across the
+    machine from 6.9 (x86's topology rewrite): the second package's first die is
+    die 0 on 6.1 and die 1 on 6.12. Renumbering the distinct ids of each package
+    in order gives the same answer on both.
+    """
+    ids: dict[int, set[int]] = {}
+    for c, f in facts.items():
+        if f.die is not None:
+            ids.setdefault(owner[c], set()).add(f.die)
+    index = {(p, d): i for p, dies in ids.items() for i, d in enumerate(sorted(dies))}
+    return {
+        c: f if f.die is None else dataclasses.replace(f, die=index[owner[c], f.die])
+        for c, f in facts.items()
+    }
 
 
 def group_cores(facts: dict[int, CPUFacts], owner: dict[int, int]) -> tuple[Core, ...]:

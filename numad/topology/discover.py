@@ -35,6 +35,7 @@ def discover(fs: HostFS) -> Topology:
         )
     facts = {c: cpu_discovery.cpu_facts(r, c, online) for c in online}
     packages, package_of = cpu_discovery.group_packages(facts)
+    facts = cpu_discovery.dies_within_packages(facts, package_of)
     cores = cpu_discovery.group_cores(facts, package_of)
     core_of = {c: core.id for core in cores for c in core.cpus}
     l3_groups = cpu_discovery.l3_groups(r, online)

@@ -415,7 +415,9 @@ def test_cpus_outside_the_parent_are_caught_from_the_effective_files(numad: Daem
     if V1:
         pytest.skip("v1 refuses CPUs outside the parent with EINVAL instead")
     free = ONLINE - RESERVED - pool_taken(numad)
-    slice_cpus = (CGROUP_ROOT / "numad.slice" / "cpuset.cpus").read_text().strip()
+    # Restored below to what it applied: a populated parent's cpuset.cpus cannot go
+    # back to empty (ENOSPC).
+    slice_cpus = (CGROUP_ROOT / "numad.slice" / "cpuset.cpus.effective").read_text().strip()
     # Another writer narrows numad.slice to the reserved CPU and the shared pool's
     # remainder: a new exclusive set lands outside it.
     narrowed = ONLINE - free if ONLINE - free else RESERVED
@@ -429,8 +431,7 @@ def test_cpus_outside_the_parent_are_caught_from_the_effective_files(numad: Daem
         assert allowed(PROCS["outside"].pid)[0] != cpus  # the kernel's silent fallback
         wait_for(lambda: _problem_about("numad.slice/outside", numad), "the reported problem")
     finally:
-        # A lone newline: an empty write() would change nothing.
-        (CGROUP_ROOT / "numad.slice" / "cpuset.cpus").write_text(slice_cpus + "\n")
+        (CGROUP_ROOT / "numad.slice" / "cpuset.cpus").write_text(slice_cpus)
     wait_for(lambda: allowed(PROCS["outside"].pid)[0] == cpus, "numad to re-apply")
     wait_for(lambda: not _problem_about("numad.slice/outside", numad), "the problem to clear")
 

@@ -1,0 +1,153 @@
+"""The daemon's side of the commands: ``numad serve`` and the offline ``numad plan``.
+
+Edge module, imported by ``numad.commands`` only when one of those runs, so that
+the clients stay light. ``serve --root DIR`` runs the whole daemon on a recorded
+machine: host files under DIR, and, where DIR has no cgroup hierarchy, a scratch
+cgroup v2 tree under DIR/sys/fs/cgroup whose effective files the scratch backend
+computes as the kernel would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from numad import notify
+from numad.api.server import Server, outcome_json
+from numad.cgroup import detect_backend, make_scratch_v2
+from numad.config import Config, load
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon import Daemon
+from numad.errors import NumadError
+from numad.hostfs import HostFS
+from numad.topology.discover import discover
+from numad.watch import debounce, udev_events
+
+RECONCILE_SECONDS = 10.0
+
+
+def build(config: Config, root: str | None) -> Daemon:
+    """The daemon for the host (root None) or for the recorded machine under ``root``."""
+    log = structlog.get_logger("numad")
+    if root is None:
+        fs = HostFS("/")
+        cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
+        return Daemon(config, fs, cgroups, Path(config.paths.state_dir), log)
+    base = Path(root).resolve()
+    fs = HostFS(base)
+    cgroup_root = base / config.paths.cgroup_root.lstrip("/")
+    if not (cgroup_root / "cgroup.controllers").exists():
+        topo = discover(fs)
+        make_scratch_v2(
+            cgroup_root, topo.online_cpus, NodeSet(n.id for n in topo.nodes if n.memory_total_kb)
+        )
+    cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
+    paths = replace(
+        config.paths,
+        state_dir=str(base / config.paths.state_dir.lstrip("/")),
+        socket=str(base / config.paths.socket.lstrip("/")),
+        workloads_dir=str(base / config.paths.workloads_dir.lstrip("/")),
+    )
+    return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``numad serve``: run until SIGTERM."""
+    config = load(args.config)
+    daemon = build(config, args.root)
+    daemon.start()  # ends with the first reconcile pass
+    metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
+    daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
+    daemon.log.info("metrics_listening", address=daemon.metrics_address)
+    server = Server(args.socket or daemon.config.paths.socket, daemon)
+    stop = threading.Event()
+
+    def shutdown(_sig: int, _frame: object) -> None:
+        notify.stopping()
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    def reload(_sig: int, _frame: object) -> None:
+        # Re-read the workloads directory; the config's host settings (policy,
+        # reserved CPUs) shape every decision made so far and need a restart.
+        notify.reloading()
+        threading.Thread(target=_reload, args=(daemon,), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGHUP, reload)
+    threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
+    if args.root is None:  # a recorded machine has no kernel to send uevents
+        threading.Thread(target=_hotplug_loop, args=(daemon, stop), daemon=True).start()
+    interval = notify.watchdog_interval()
+    if interval:
+        threading.Thread(target=_watchdog_loop, args=(stop, interval), daemon=True).start()
+    daemon.log.info("api_listening", socket=server.server_address)
+    notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
+    server.serve_forever(poll_interval=0.5)
+    server.server_close()
+    metrics_server.shutdown()
+    daemon.log.info("daemon_stopped")
+    return 0
+
+
+def _reload(daemon: Daemon) -> None:
+    daemon.reload_workloads()
+    notify.ready(f"{len(daemon.specs)} workloads; reloaded")
+
+
+def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
+    while not stop.wait(RECONCILE_SECONDS):
+        daemon.reconcile()
+        notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
+
+
+def _hotplug_loop(daemon: Daemon, stop: threading.Event) -> None:
+    try:
+        debounce(udev_events(), lambda _burst: daemon.rediscover(), stop=stop)
+    except (OSError, ImportError, NumadError) as err:  # no netlink access: run without hotplug
+        daemon.log.warning("hotplug_unavailable", problem=str(err))
+
+
+def _watchdog_loop(stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        notify.watchdog()
+
+
+class _NoCgroups:
+    """An offline plan writes nothing."""
+
+    def exists(self, path: str) -> bool:
+        return False
+
+    def ensure(self, path: str) -> None:
+        return None
+
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        return None
+
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
+
+def plan_offline(config_path: Path | None, root: str | None, text: str, kind: str) -> Any:
+    """What admitting ``text`` would do on the machine under ``root`` (or this host),
+    without a daemon: reads the machine and writes nothing (no cgroups; the empty
+    checkpoint goes to a scratch directory)."""
+    with tempfile.TemporaryDirectory(prefix="numad-plan-") as scratch:
+        config = load(config_path)
+        fs = HostFS(Path(root).resolve() if root else "/")
+        daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
+        daemon.start()
+        return outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))
