@@ -295,6 +295,9 @@ class CgroupV2Backend(_Backend):
             mems = (d / "cpuset.mems").read_text()
             return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
 
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        """Nothing to do: v2 keeps a CPU in cpuset.cpus while it is offline."""
+
     def read_effective(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
         """What the kernel applies; empty sets where the effective files are missing."""
         cg, _, d = self._locate(path)
@@ -406,6 +409,27 @@ class CgroupV1Backend(_Backend):
     def read(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
         cg, _, d = self._locate(path)
         return self._configured(cg, d)
+
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        """Give CPUs that came back online to the managed cgroups that hold others.
+
+        v1 takes a CPU that goes offline out of every cpuset for good. Once it is
+        back, the managed roots and the levels between them and the workloads'
+        cgroups (pod slices) get it again, top down, where their parent has it:
+        else numad's next write naming it fails (EINVAL). The workloads' own
+        cgroups are left to numad's writes, so no exclusive CPU is shared on the way.
+        """
+        for managed in self.managed_roots:
+            top = self._real(managed, managed)
+            for dirpath, dirnames, _ in os.walk(top):
+                if not dirnames:
+                    continue
+                d = Path(dirpath)
+                cg = CgroupPath((*managed.parts, *d.relative_to(top).parts))
+                have = self._configured(cg, d)[0]
+                back = (cpus - have) & self._configured(cg.parent, d.parent)[0]
+                if back:
+                    self._set(cg, d, have | back, None)
 
     def read_effective(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
         """``cpuset.effective_cpus``/``_mems`` where the kernel has them, else the configured."""

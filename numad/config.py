@@ -28,6 +28,13 @@ errors naming the key.
     state-dir = "/var/lib/numad"
     socket = "/run/numad/numad.sock"
     workloads-dir = "/etc/numad/workloads.d"
+
+    [daemon]
+    reconcile-seconds = 10            # how often cpusets are read back and repaired
+
+    [metrics]
+    listen = "127.0.0.1"
+    port = 9477                       # 0: any free port (shown in /v1/health)
 """
 
 from __future__ import annotations
@@ -45,12 +52,13 @@ from numad.policy import Policy
 from numad.scope import Scope
 
 DEFAULT_PATH = Path("/etc/numad/numad.toml")
-_SECTIONS = {"topology", "cpu", "memory", "devices", "paths", "metrics"}
+_SECTIONS = {"topology", "cpu", "memory", "devices", "paths", "daemon", "metrics"}
 _KEYS = {
     "topology": {"policy", "scope", "options"},
     "cpu": {"reserved-cpus", "reserved-count", "options"},
     "memory": {"policy", "reserved"},
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
+    "daemon": {"reconcile-seconds"},
     "metrics": {"listen", "port"},
 }
 _DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses"}
@@ -80,6 +88,7 @@ class Config:
     paths: Paths = field(default_factory=Paths)
     metrics_listen: str = "127.0.0.1"
     metrics_port: int = 9477
+    reconcile_seconds: float = 10.0
 
 
 def load(path: Path | None) -> Config:
@@ -104,6 +113,15 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
     topology, cpu = _table(raw, "topology", source), _table(raw, "cpu", source)
     memory, paths = _table(raw, "memory", source), _table(raw, "paths", source)
     metrics = _table(raw, "metrics", source)
+    reconcile = _table(raw, "daemon", source).get("reconcile-seconds", 10.0)
+    if (
+        isinstance(reconcile, bool)
+        or not isinstance(reconcile, int | float)
+        or not (0.1 <= reconcile <= 3600)
+    ):
+        raise ConfigError(
+            f"{source} [daemon]", f"reconcile-seconds = {reconcile!r}: give 0.1 to 3600 seconds"
+        )
     try:
         return Config(
             policy=Policy(topology.get("policy", Policy.BEST_EFFORT)),
@@ -121,6 +139,7 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
             paths=_paths(paths),
             metrics_listen=str(metrics.get("listen", "127.0.0.1")),
             metrics_port=int(metrics.get("port", 9477)),
+            reconcile_seconds=float(reconcile),
         )
     except (ValueError, TypeError) as err:
         raise ConfigError(source, f"invalid value: {err}") from err

@@ -44,6 +44,7 @@ class Cgroups(Protocol):
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
     def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def restore_cpus(self, cpus: CPUSet) -> None: ...
 
 
 class Log(Protocol):
@@ -141,6 +142,12 @@ class Daemon:
             view = CPUTopology.from_topology(topo)
             old, changes, old_topology = self.books, [], self.topology
             gone = old.cpu.online & ~view.all
+            back = view.all & ~old.cpu.online
+            if back:
+                try:
+                    self.cgroups.restore_cpus(CPUSet.from_bits(back))
+                except NumadError as err:
+                    self.log.error("cgroup_restore_failed", problem=str(err))
             self.topology = topo
             self.cpu_policy = StaticPolicy(view, self.cpu_policy.options)
             machine = Machine(topo.node_ids, self._distances(topo))

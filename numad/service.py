@@ -31,8 +31,6 @@ from numad.hostfs import HostFS
 from numad.topology.discover import discover
 from numad.watch import debounce, udev_events
 
-RECONCILE_SECONDS = 10.0
-
 
 def build(config: Config, root: str | None) -> Daemon:
     """The daemon for the host (root None) or for the recorded machine under ``root``."""
@@ -105,7 +103,7 @@ def _reload(daemon: Daemon) -> None:
 
 
 def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
-    while not stop.wait(RECONCILE_SECONDS):
+    while not stop.wait(daemon.config.reconcile_seconds):
         daemon.reconcile()
         notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
 
@@ -136,6 +134,9 @@ class _NoCgroups:
 
     def read(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()
+
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        return None
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()

@@ -548,3 +548,17 @@ def test_make_scratch_v2_lays_out_a_root_like_the_kernels(tmp_path: Path) -> Non
     assert (tmp_path / "system.slice/cgroup.subtree_control").read_text() == "cpuset\n"
     service = CgroupV2Backend(tmp_path, ["system.slice"])
     assert service.read_effective("system.slice/sshd.service") == (cpus("0-3"), mems("0"))
+
+
+def test_v1_cpus_back_online_return_to_the_managed_levels_not_the_leaves(v1: Scratch) -> None:
+    v1.backend.ensure("numad.slice/pod/main")
+    v1.backend.write("numad.slice/pod/main", cpus("4-5"), None)
+    for level in ("numad.slice", "numad.slice/pod", "numad.slice/pod/main"):
+        have = v1.backend.read(level)[0]  # CPU 5 went offline: v1 drops it everywhere
+        (v1.root / level / "cpuset.cpus").write_text((have - cpus("5")).format_list() + "\n")
+    v1.backend.restore_cpus(cpus("5"))
+    assert cpus("5").issubset(v1.backend.read("numad.slice")[0])
+    assert cpus("5").issubset(v1.backend.read("numad.slice/pod")[0])
+    assert v1.backend.read("numad.slice/pod/main")[0] == cpus("4")  # numad's write decides
+    v1.backend.write("numad.slice/pod/main", cpus("4-5"), None)  # and now may name it again
+    assert v1.backend.read("numad.slice/pod/main")[0] == cpus("4-5")

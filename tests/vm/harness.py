@@ -356,6 +356,7 @@ def boot(
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # no hypothesis, xdist: seconds under TCG
         "VMTEST": "1",
         "VMTEST_OUT": "/vmctl",  # the writable share, where init mounts it
         "VMTEST_KERNEL": kernel.line,
