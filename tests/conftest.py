@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,10 @@ from typing import Any
 import pytest
 import structlog
 
+from numad.cgroup import scratch_mkdir
+from numad.config import parse
+from numad.daemon import Daemon
+from numad.service import build
 from numad.topology.record import load_fixture
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -44,3 +49,26 @@ def _fresh_logging() -> Iterator[None]:
     which is closed after that test: later tests must not write to it."""
     yield
     structlog.reset_defaults()
+
+
+DAEMON_MACHINE = "32intel64-2p8co2t+8ve"  # node 0: CPUs 0-7,16-23, the vector engines
+
+
+def recorded_daemon(
+    machines: Machines, tmp_path: Path, extra: dict[str, Any] | None = None
+) -> Daemon:
+    """A started daemon on a copy of the 2-socket recording with a scratch cgroup v2
+    tree: single-numa-node, 2 reserved CPUs chosen by count, no memory manager; its
+    workload cgroup numad.slice/db exists, as systemd would have made it."""
+    root = tmp_path / "machine"
+    shutil.copytree(machines.root(DAEMON_MACHINE), root, symlinks=True)
+    raw: dict[str, Any] = {
+        "topology": {"policy": "single-numa-node"},
+        "cpu": {"reserved-count": 2},
+        "memory": {"policy": "none"},
+        **(extra or {}),
+    }
+    daemon = build(parse(raw), str(root))
+    daemon.start()
+    scratch_mkdir(root / "sys/fs/cgroup", "numad.slice/db")
+    return daemon

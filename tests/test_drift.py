@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from numad.cgroup import scratch_mkdir
-from numad.config import parse
 from numad.cpuset import CPUSet
 from numad.daemon import Daemon
-from numad.service import build
-from tests.conftest import Machines
+from tests.conftest import Machines, recorded_daemon
 
 MACHINE = "32intel64-2p8co2t+8ve"
 
 
 def _daemon(machines: Machines, tmp_path: Path) -> Daemon:
-    root = tmp_path / "machine"
-    shutil.copytree(machines.root(MACHINE), root, symlinks=True)
-    config = parse(
-        {
-            "topology": {"policy": "single-numa-node"},
-            "cpu": {"reserved-count": 2},
-            "memory": {"policy": "none"},
-        }
-    )
-    daemon = build(config, str(root))
-    daemon.start()
-    scratch_mkdir(root / "sys" / "fs" / "cgroup", "numad.slice/db")
+    daemon = recorded_daemon(machines, tmp_path)
     spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
     assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
     return daemon

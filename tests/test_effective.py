@@ -5,39 +5,19 @@ masking by the parent's effective set)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from numad.cgroup import scratch_mkdir
-from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
-from numad.service import build
-from tests.conftest import Machines
+from tests.conftest import Machines, recorded_daemon
 
 MACHINE = "32intel64-2p8co2t+8ve"
 RESERVED = CPUSet.parse_list("0,16")  # two reserved CPUs chosen by count
 DB = "numad.slice/db"
-
-
-def _daemon(machines: Machines, tmp_path: Path) -> Daemon:
-    root = tmp_path / "machine"
-    shutil.copytree(machines.root(MACHINE), root, symlinks=True)
-    config = parse(
-        {
-            "topology": {"policy": "single-numa-node"},
-            "cpu": {"reserved-count": 2},
-            "memory": {"policy": "none"},
-        }
-    )
-    daemon = build(config, str(root))
-    daemon.start()
-    scratch_mkdir(root / "sys/fs/cgroup", DB)
-    return daemon
 
 
 def _admit_db(daemon: Daemon) -> CPUSet:
@@ -61,7 +41,7 @@ def _problems(daemon: Daemon, path: str) -> list[str]:
 def test_a_cpuset_the_kernel_masks_is_reported_until_it_applies(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = _daemon(machines, tmp_path)
+    daemon = recorded_daemon(machines, tmp_path)
     # Another writer narrows the managed root to the reserved CPUs: no exclusive
     # CPU is inside it, so db's effective set falls back to the parent's.
     daemon.cgroups.write("numad.slice", RESERVED, None)
@@ -97,7 +77,7 @@ def test_a_cpuset_the_kernel_masks_is_reported_until_it_applies(
 
 
 def test_an_effective_cpuset_is_not_reported(machines: Machines, tmp_path: Path) -> None:
-    daemon = _daemon(machines, tmp_path)
+    daemon = recorded_daemon(machines, tmp_path)
     wanted = _admit_db(daemon)
     daemon.reconcile()
     assert _effective(daemon, DB) == wanted
@@ -108,7 +88,7 @@ def test_an_effective_cpuset_is_not_reported(machines: Machines, tmp_path: Path)
 def test_a_failed_readback_counts_as_a_failed_write(
     machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    daemon = _daemon(machines, tmp_path)
+    daemon = recorded_daemon(machines, tmp_path)
 
     def unreadable(path: str) -> tuple[CPUSet, NodeSet]:
         raise CgroupError(path, "reading the effective cpuset failed")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -15,32 +14,17 @@ from typing import Any
 import pytest
 
 from numad import watch
-from numad.cgroup import scratch_mkdir
-from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
-from numad.service import build
 from numad.watch import Event, debounce, netlink_source
-from tests.conftest import Machines
+from tests.conftest import Machines, recorded_daemon
 
 MACHINE = "32intel64-2p8co2t+8ve"  # node 0: CPUs 0-7,16-23; vector engines on node 0
 NODE0 = CPUSet.parse_list("0-7,16-23")
 
 
 def _daemon(machines: Machines, tmp_path: Path) -> Daemon:
-    root = tmp_path / "machine"
-    shutil.copytree(machines.root(MACHINE), root, symlinks=True)
-    config = parse(
-        {
-            "topology": {"policy": "single-numa-node"},
-            "cpu": {"reserved-count": 2},
-            "memory": {"policy": "none"},
-            "devices": {"ve": {"class-prefix": "0x0b40"}},
-        }
-    )
-    daemon = build(config, str(root))
-    daemon.start()
-    scratch_mkdir(root / "sys/fs/cgroup", "numad.slice/db")
+    daemon = recorded_daemon(machines, tmp_path, {"devices": {"ve": {"class-prefix": "0x0b40"}}})
     spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4, "devices": {"ve": 1}}
     assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
     return daemon

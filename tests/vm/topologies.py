@@ -12,7 +12,7 @@ and dies (the AMD default drops them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # The PCI device behind the expander bridge: virtio-rng, modern-only under a PCIe port.
@@ -133,15 +133,17 @@ def _span(first: int, count: int) -> tuple[int, ...]:
     return tuple(range(first, first + count))
 
 
+# 2 sockets x 2 cores x 2 threads, one node per socket, distance 21.
+TWO_NODES = Machine(
+    "2node", 2, 1, 2, 2,
+    (Node(0, _span(0, 4), 256), Node(1, _span(4, 4), 256)),
+    {(0, 1): 21},
+)  # fmt: skip
+
 MACHINES = {
     m.name: m
     for m in (
-        # 2 sockets x 2 cores x 2 threads, one node per socket, distance 21.
-        Machine(
-            "2node", 2, 1, 2, 2,
-            (Node(0, _span(0, 4), 256), Node(1, _span(4, 4), 256)),
-            {(0, 1): 21},
-        ),
+        TWO_NODES,
         # 4 nodes, one per die, asymmetric SLIT 10/12/20/32.
         Machine(
             "4node", 2, 2, 2, 1,
@@ -149,31 +151,26 @@ MACHINES = {
             {(0, 1): 12, (0, 2): 20, (0, 3): 32, (1, 2): 32, (1, 3): 20, (2, 3): 12},
         ),
         # A third node with memory and no CPUs.
-        Machine(
-            "memonly", 2, 1, 2, 2,
-            (Node(0, _span(0, 4), 256), Node(1, _span(4, 4), 256), Node(2, (), 256)),
-            {(0, 1): 21, (0, 2): 30, (1, 2): 30},
+        replace(
+            TWO_NODES,
+            name="memonly",
+            nodes=(*TWO_NODES.nodes, Node(2, (), 256)),
+            distances={(0, 1): 21, (0, 2): 30, (1, 2): 30},
         ),
         # Node 1 has CPUs and no memory.
-        Machine(
-            "memless", 2, 1, 2, 2,
-            (Node(0, _span(0, 4), 512), Node(1, _span(4, 4), 0)),
-            {(0, 1): 21},
+        replace(
+            TWO_NODES, name="memless", nodes=(Node(0, _span(0, 4), 512), Node(1, _span(4, 4), 0))
         ),
         # Sparse node ids: node 1 owns only absent CPUs and no memory, so the kernel
         # leaves it offline and shows nodes 0 and 2 (possible CPUs 0-7, present 0-3).
-        Machine(
-            "sparse", 2, 1, 2, 2,
-            (Node(0, _span(0, 4), 256), Node(1, (4, 5), 0), Node(2, (6, 7), 256)),
-            {(0, 1): 21, (0, 2): 21, (1, 2): 21},
+        replace(
+            TWO_NODES,
+            name="sparse",
+            nodes=(Node(0, _span(0, 4), 256), Node(1, (4, 5), 0), Node(2, (6, 7), 256)),
+            distances={(0, 1): 21, (0, 2): 21, (1, 2): 21},
             present=4,
         ),
         # The PCI device behind an expander bridge on node 1.
-        Machine(
-            "pci", 2, 1, 2, 2,
-            (Node(0, _span(0, 4), 256), Node(1, _span(4, 4), 256)),
-            {(0, 1): 21},
-            pci_node=1,
-        ),
+        replace(TWO_NODES, name="pci", pci_node=1),
     )
 }  # fmt: skip
