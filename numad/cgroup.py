@@ -411,13 +411,15 @@ class CgroupV1Backend(_Backend):
         return self._configured(cg, d)
 
     def restore_cpus(self, cpus: CPUSet) -> None:
-        """Give CPUs that came back online to the managed cgroups that hold others.
+        """Give the online ``cpus`` back to the managed cgroups that hold others.
 
-        v1 takes a CPU that goes offline out of every cpuset for good. Once it is
-        back, the managed roots and the levels between them and the workloads'
-        cgroups (pod slices) get it again, top down, where their parent has it:
-        else numad's next write naming it fails (EINVAL). The workloads' own
-        cgroups are left to numad's writes, so no exclusive CPU is shared on the way.
+        v1 takes a CPU that goes offline out of every cpuset for good, and a CPU
+        that goes offline and comes back within one burst of uevents leaves no
+        trace in the topology; so after each hotplug burst the managed roots and
+        the levels between them and the workloads' cgroups (pod slices) get back,
+        top down, the CPUs of ``cpus`` that their parent has: else numad's next
+        write naming one fails (EACCES). The workloads' own cgroups are left to
+        numad's writes, so no exclusive CPU is shared on the way.
         """
         for managed in self.managed_roots:
             top = self._real(managed, managed)

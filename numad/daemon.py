@@ -142,12 +142,10 @@ class Daemon:
             view = CPUTopology.from_topology(topo)
             old, changes, old_topology = self.books, [], self.topology
             gone = old.cpu.online & ~view.all
-            back = view.all & ~old.cpu.online
-            if back:
-                try:
-                    self.cgroups.restore_cpus(CPUSet.from_bits(back))
-                except NumadError as err:
-                    self.log.error("cgroup_restore_failed", problem=str(err))
+            try:  # v1 took CPUs that went offline out of its cpusets, even if back already
+                self.cgroups.restore_cpus(CPUSet.from_bits(view.all))
+            except NumadError as err:
+                self.log.error("cgroup_restore_failed", problem=str(err))
             self.topology = topo
             self.cpu_policy = StaticPolicy(view, self.cpu_policy.options)
             machine = Machine(topo.node_ids, self._distances(topo))
