@@ -584,6 +584,8 @@ class Daemon:
             self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
             if self._effective(path, CPUSet.from_bits(cpus), mems):
                 self.written[path] = (cpus, mems)
+            else:  # the file holds this write now, not the value remembered before
+                self.written.pop(path, None)
         except NumadError as err:
             self.written.pop(path, None)
             self.ensured.discard(path)  # set it up again next time: the tree may have changed

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
@@ -99,3 +100,19 @@ def test_a_failed_readback_counts_as_a_failed_write(
     assert daemon.metrics.registry.get_sample_value("numad_cgroup_write_errors_total") == 1
     assert any(e["event"] == "cgroup_write_failed" and e["cgroup"] == DB for e in logs)
     assert DB not in daemon.written
+
+
+def test_a_write_the_kernel_masks_is_not_mistaken_for_drift(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A shared cgroup written while its parent is narrowed holds numad's new pool but
+    not its effective set; the next pass must not count numad's own write as drift."""
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(tmp_path / "machine/sys/fs/cgroup", "numad.slice/web")
+    web = {"name": "web", "cgroup": "numad.slice/web", "cpus": "500m"}
+    assert daemon.admit(daemon.parse(json.dumps(web), "json")).admitted
+    assert "numad.slice/web" in daemon.written  # effective: remembered
+    daemon.cgroups.write("numad.slice", RESERVED, None)
+    _admit_db(daemon)  # the pool shrinks; the kernel masks it to the reserved CPUs
+    daemon.reconcile()
+    assert daemon.metrics.registry.get_sample_value("numad_drift_repairs_total") == 0
