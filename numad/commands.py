@@ -14,7 +14,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from numad import defaults
@@ -79,16 +78,12 @@ def _socket(args: argparse.Namespace) -> str:
 # -- clients ------------------------------------------------------------------------------------
 
 
-def _service() -> ModuleType:
-    """The daemon's side, imported only by the commands that need it: a client
-    (admit, list, release...) starts without numpy, the managers or the server."""
-    from numad import service  # noqa: PLC0415
-
-    return service
-
-
 def _serve(args: argparse.Namespace) -> int:
-    return _service().serve(args)  # type: ignore[no-any-return]
+    # The daemon's side is imported only by serve and an offline plan: a client
+    # (admit, list, release...) starts without numpy, the managers or the server.
+    from numad.service import serve  # noqa: PLC0415
+
+    return serve(args)
 
 
 def _read_spec(path: Path) -> tuple[str, str]:
@@ -113,7 +108,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.root is None and args.config is None and os.path.exists(_socket(args)):
         result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:
-        result = _service().plan_offline(args.config, args.root, text, kind)
+        from numad.service import plan_offline  # noqa: PLC0415 - as in _serve
+
+        result = plan_offline(args.config, args.root, text, kind)
     if args.json:
         _print(result)
     else:

@@ -9,9 +9,7 @@ and on release exclusive CPUs are taken back before the pool grows.
 
 from __future__ import annotations
 
-import functools
 import json
-import operator
 import os
 import threading
 import time
@@ -35,7 +33,7 @@ from numad.metrics import Metrics
 from numad.policy import Machine, check_machine, parse_options
 from numad.spec import WorkloadSpec, load_spec, parse_spec
 from numad.topology.discover import discover
-from numad.topology.model import NumaNode, Topology
+from numad.topology.model import Topology
 
 
 class Cgroups(Protocol):
@@ -172,7 +170,7 @@ class Daemon:
             for key, before in sorted(old.cpu.assignments.items()):
                 lost = before & gone
                 if lost:
-                    nodes = [n for n in old_topology.nodes if n.cpus.bits & before]
+                    nodes = NodeSet(n.id for n in old_topology.nodes if n.cpus.bits & before)
                     books, change = self._reassign(books, key, before, lost, nodes)
                     changes.append(change)
             changes += [f"memory: {c}" for c in books.memory.conflicts()]
@@ -186,19 +184,17 @@ class Daemon:
         return changes
 
     def _reassign(
-        self, books: Books, key: tuple[str, str], before: int, lost: int, nodes: list[NumaNode]
+        self, books: Books, key: tuple[str, str], before: int, lost: int, nodes: NodeSet
     ) -> tuple[Books, str]:
         """Replace the ``lost`` CPUs of an exclusive set by free CPUs of the NUMA nodes
         the set was on, never elsewhere: moving a container off its node silently
         would break its alignment. With none free there, the container is flagged."""
         where = f"{key[0]}/{key[1]}"
         lost_text = CPUSet.from_bits(lost).format_list()
-        local = books.cpu.available & functools.reduce(
-            operator.or_, (n.cpus.bits for n in nodes), 0
-        )
+        local = books.cpu.available & self.cpu_policy.topo.numa_mask(nodes)
         try:
             extra = self.cpu_policy.allocate(
-                local, lost.bit_count(), NodeSet(n.id for n in nodes), reserved=books.cpu.reserved
+                local, lost.bit_count(), nodes, reserved=books.cpu.reserved
             )
         except NumadError:
             return (

@@ -142,7 +142,9 @@ class _NoCgroups:
         return CPUSet(), NodeSet()
 
 
-def plan_offline(config_path: Path | None, root: str | None, text: str, kind: str) -> Any:
+def plan_offline(
+    config_path: Path | None, root: str | None, text: str, kind: str
+) -> dict[str, Any]:
     """What admitting ``text`` would do on the machine under ``root`` (or this host),
     without a daemon: reads the machine and writes nothing (no cgroups; the empty
     checkpoint goes to a scratch directory)."""
