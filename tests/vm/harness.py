@@ -75,15 +75,15 @@ def missing_tools() -> list[str]:
     missing = []
     if shutil.which(QEMU) is None:
         missing.append("qemu-system-x86")
-    if not BUSYBOX.is_file() or b"statically linked" not in _file_kind(BUSYBOX):
+    if not BUSYBOX.is_file() or _dynamic(BUSYBOX):
         missing.append("busybox-static")
     return missing
 
 
-def _file_kind(path: Path) -> bytes:
-    # A static busybox has no PT_INTERP; read the ELF program headers instead of running `file`.
-    data = path.read_bytes()
-    return b"dynamically linked" if b"/lib64/ld-linux" in data[:8192] else b"statically linked"
+def _dynamic(path: Path) -> bool:
+    """Whether ``path`` names a program loader (PT_INTERP), which the guest lacks."""
+    with path.open("rb") as f:
+        return b"/lib64/ld-linux" in f.read(8192)
 
 
 def install_tools() -> None:
@@ -127,10 +127,6 @@ class Kernel:
     package: str  # the image package the meta-package pointed to
     vmlinux: Path
     modules: tuple[Path, ...]  # in load order
-
-    @property
-    def release(self) -> str:
-        return self.package.removeprefix("linux-image-")
 
 
 @contextmanager
@@ -314,7 +310,6 @@ class Result:
     rc: int
     stdout: str
     stderr: str
-    console: str
     seconds: float
     out: Path  # the guest's writable share, with whatever it wrote
 
@@ -337,7 +332,6 @@ def boot(
     *,
     memory_mib: int,
     cgroup: str = "v2",
-    env: dict[str, str] | None = None,
     files: dict[str, str] | None = None,
     timeout: float = VM_TIMEOUT,
 ) -> Result:
@@ -360,7 +354,6 @@ def boot(
         "VMTEST": "1",
         "VMTEST_OUT": "/vmctl",  # the writable share, where init mounts it
         "VMTEST_KERNEL": kernel.line,
-        **(env or {}),
     }
     script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest_env.items())
     script += f"cd {shlex.quote(str(PROJECT))}\nexec {shlex.join(command)}\n"
@@ -418,7 +411,6 @@ def boot(
         rc=int(rc_file.read_text().strip() or "-1"),
         stdout=_text(out / "stdout"),
         stderr=_text(out / "stderr"),
-        console=_text(console),
         seconds=seconds,
         out=out,
     )

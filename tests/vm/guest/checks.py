@@ -191,11 +191,21 @@ def _numad(*args: str, check: bool = True) -> str:
     return proc.stdout + proc.stderr
 
 
+def _spec(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "cgroup": f"numad.slice/{name}", **fields}
+
+
+def _spec_file(name: str, **fields: Any) -> str:
+    spec = WORK / f"{name}.json"
+    spec.write_text(json.dumps(_spec(name, **fields)))
+    return str(spec)
+
+
 def admit(name: str, **fields: Any) -> dict[str, Any]:
     """Admit a spec through the CLI (``numad admit FILE``); the decision it printed."""
-    spec = WORK / f"{name}.json"
-    spec.write_text(json.dumps({"name": name, "cgroup": f"numad.slice/{name}", **fields}))
-    out: dict[str, Any] = json.loads(_numad("admit", str(spec), "--socket", SOCKET))
+    out: dict[str, Any] = json.loads(
+        _numad("admit", _spec_file(name, **fields), "--socket", SOCKET)
+    )
     return out
 
 
@@ -251,11 +261,11 @@ def exclusive_sets(numad: Daemon) -> dict[str, CPUSet]:
     }
 
 
-def pool(numad: Daemon) -> CPUSet:
+def exclusive_cpus(numad: Daemon) -> CPUSet:
     taken = CPUSet()
     for cpus in exclusive_sets(numad).values():
         taken |= cpus
-    return ONLINE - taken
+    return taken
 
 
 def check_invariants(numad: Daemon) -> None:
@@ -331,12 +341,6 @@ def test_pci_device_class_goes_with_its_node(numad: Daemon) -> None:
     check_invariants(numad)
 
 
-def _spec_file(name: str, **fields: Any) -> str:
-    spec = WORK / f"{name}.json"
-    spec.write_text(json.dumps({"name": name, "cgroup": f"numad.slice/{name}", **fields}))
-    return str(spec)
-
-
 def test_rejected_workload_leaves_no_trace(numad: Daemon) -> None:
     before_pool = cpuset_file("web", "cpus")
     before_state = (STATE / "checkpoint.json").read_bytes()
@@ -369,7 +373,7 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     start_in("crash1")
     created_with = CPUSet.parse_list(cpuset_file("crash1", "cpus"))  # v1: the parent's
     with pytest.raises((OSError, APIError)):
-        numad.call("POST", "/v1/workloads", _spec("crash1", 1))
+        numad.call("POST", "/v1/workloads", _spec("crash1", cpus=1))
     assert numad.proc is not None
     numad.proc.wait(timeout=60)
     # Killed between its two writes: the shared pool has shrunk, the exclusive set is
@@ -402,13 +406,9 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     check_invariants(numad)
 
 
-def _spec(name: str, cpus: int | str) -> dict[str, Any]:
-    return {"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus}
-
-
 def _try_admit(numad: Daemon, name: str) -> None:
     with contextlib.suppress(OSError, APIError):  # killed mid-request
-        numad.call("POST", "/v1/workloads", _spec(name, "100m"))
+        numad.call("POST", "/v1/workloads", _spec(name, cpus="100m"))
 
 
 def test_cpuset_rewritten_behind_numads_back_is_repaired(numad: Daemon) -> None:
@@ -424,7 +424,7 @@ def test_cpus_outside_the_parent_are_caught_from_the_effective_files(numad: Daem
     the parent's; numad must notice from cpuset.cpus.effective and say so."""
     if V1:
         pytest.skip("v1 refuses CPUs outside the parent (EACCES) instead of masking them")
-    free = ONLINE - RESERVED - pool_taken(numad)
+    free = ONLINE - RESERVED - exclusive_cpus(numad)
     # Restored below to what it applied: a populated parent's cpuset.cpus cannot go
     # back to empty (ENOSPC).
     slice_cpus = (CGROUP_ROOT / "numad.slice" / "cpuset.cpus.effective").read_text().strip()
@@ -444,10 +444,6 @@ def test_cpus_outside_the_parent_are_caught_from_the_effective_files(numad: Daem
         (CGROUP_ROOT / "numad.slice" / "cpuset.cpus").write_text(slice_cpus)
     wait_for(lambda: allowed(PROCS["outside"].pid)[0] == cpus, "numad to re-apply")
     wait_for(lambda: not _problem_about("numad.slice/outside", numad), "the problem to clear")
-
-
-def pool_taken(numad: Daemon) -> CPUSet:
-    return ONLINE - pool(numad)
 
 
 def _problem_about(subject: str, numad: Daemon) -> bool:
