@@ -1,9 +1,11 @@
 """systemd integration: the sd_notify protocol against a socket the test binds,
-and the unit files checked by ``systemd-analyze verify`` where it is installed."""
+and the unit files checked by ``systemd-analyze verify`` and scored by
+``systemd-analyze security`` where it is installed (in CI it must be)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -139,10 +141,19 @@ def test_watchdog_interval_for_this_pid() -> None:
     assert notify.watchdog_interval(env) == 5.0
 
 
-def test_units_verify(tmp_path: Path) -> None:
+def _systemd_analyze() -> str:
+    """systemd-analyze, or a skip where it is not installed, except in CI (``CI`` set),
+    where a skip would hide an unchecked unit."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
+        if os.environ.get("CI"):
+            pytest.fail("systemd-analyze must be installed in CI to check the units")
         pytest.skip("systemd-analyze is not installed")
+    return analyze
+
+
+def test_units_verify(tmp_path: Path) -> None:
+    analyze = _systemd_analyze()
     # verify insists that ExecStart= names an existing executable: point a copy of
     # the unit at this environment's numad script (or, failing that, Python).
     numad = shutil.which("numad") or str(Path(sys.executable).with_name("numad"))
@@ -161,4 +172,32 @@ def test_units_verify(tmp_path: Path) -> None:
         check=False,
         timeout=60,
     )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+MAX_EXPOSURE = 2.0  # systemd-analyze's scale: 0.0 (locked down) to 10.0 (unprotected)
+
+
+def test_unit_exposure() -> None:
+    """The hardening of numad.service, as systemd scores it offline (systemd >= 252)."""
+    analyze = _systemd_analyze()
+    result = subprocess.run(
+        [
+            analyze,
+            "security",
+            "--offline=true",
+            f"--threshold={round(MAX_EXPOSURE * 10)}",  # in tenths: fail above 2.0
+            "--no-pager",
+            str(UNITS / "numad.service"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "err", "SYSTEMD_COLORS": "0"},
+        check=False,
+        timeout=60,
+    )
+    found = re.search(r"Overall exposure level for numad\.service: (\d+\.\d)", result.stdout)
+    assert found is not None, result.stdout + result.stderr
+    exposure = float(found.group(1))
+    assert exposure <= MAX_EXPOSURE, result.stdout
     assert result.returncode == 0, result.stdout + result.stderr
