@@ -1,18 +1,19 @@
 """numad's configuration: one TOML file, strictly validated, production defaults.
 
 Edge module: reads the config file; everything else receives a ``Config``.
-Option names follow the kubelet's where they mean the same. Unknown keys are
-errors naming the key.
+Option names follow the kubelet's where they mean the same. Unknown keys, and
+values of the wrong type or outside their range, are errors naming the key
+(``numad.toml [memory]: policy = 'Static': not one of static, none``).
 
     [topology]
     policy = "best-effort"            # none | best-effort | restricted | single-numa-node
     scope = "container"               # container | pod
-    options = { "prefer-closest-numa-nodes" = "true" }
+    options = { "prefer-closest-numa-nodes" = "true" }   # strings or booleans
 
     [cpu]
     reserved-cpus = "0,16"            # an explicit list, or:
     reserved-count = 2                # chosen by the kubelet's allocator (default 1)
-    options = { "full-pcpus-only" = true }
+    options = { "full-pcpus-only" = true }               # booleans only
 
     [memory]
     policy = "static"                 # static | none
@@ -30,7 +31,10 @@ errors naming the key.
     workloads-dir = "/etc/numad/workloads.d"
 
     [daemon]
-    reconcile-seconds = 10            # how often cpusets are read back and repaired
+    reconcile-seconds = 10            # how often cpusets are read back and repaired (0.1-3600)
+    release-grace-seconds = 30        # how long a workload's cgroups must have been gone
+                                      # before it is released, so a unit restart keeps its
+                                      # placement (0-86400)
 
     [metrics]
     listen = "127.0.0.1"
@@ -42,10 +46,12 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from numad import defaults
+from numad.cpuset import CPUSet
 from numad.errors import ConfigError
 from numad.managers.device import DeviceClass
 from numad.policy import Policy
@@ -58,11 +64,21 @@ _KEYS = {
     "cpu": {"reserved-cpus", "reserved-count", "options"},
     "memory": {"policy", "reserved"},
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
-    "daemon": {"reconcile-seconds"},
+    "daemon": {"reconcile-seconds", "release-grace-seconds"},
     "metrics": {"listen", "port"},
 }
 _DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses"}
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+_E = TypeVar("_E", bound=StrEnum)
+_S = TypeVar("_S", str, None)
+
+
+class MemoryPolicy(StrEnum):
+    """The memory manager's policies, spelled as the kubelet's."""
+
+    STATIC = "static"
+    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +105,10 @@ class Config:
     metrics_listen: str = "127.0.0.1"
     metrics_port: int = 9477
     reconcile_seconds: float = 10.0
+    release_grace_seconds: float = 30.0
+
+
+_DEFAULT = Config()
 
 
 def load(path: Path | None) -> Config:
@@ -107,68 +127,141 @@ def load(path: Path | None) -> Config:
 
 
 def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
-    _only(raw, _SECTIONS, source)
-    for section, keys in _KEYS.items():
-        _only(_table(raw, section, source), keys, f"{source} [{section}]")
-    topology, cpu = _table(raw, "topology", source), _table(raw, "cpu", source)
-    memory, paths = _table(raw, "memory", source), _table(raw, "paths", source)
-    metrics = _table(raw, "metrics", source)
-    reconcile = _table(raw, "daemon", source).get("reconcile-seconds", 10.0)
-    if (
-        isinstance(reconcile, bool)
-        or not isinstance(reconcile, int | float)
-        or not (0.1 <= reconcile <= 3600)
-    ):
-        raise ConfigError(
-            f"{source} [daemon]", f"reconcile-seconds = {reconcile!r}: give 0.1 to 3600 seconds"
-        )
-    try:
-        return Config(
-            policy=Policy(topology.get("policy", Policy.BEST_EFFORT)),
-            scope=Scope(topology.get("scope", Scope.CONTAINER)),
-            topology_options={
-                str(k): str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in _table(topology, "options", source).items()
-            },
-            reserved_cpus=cpu.get("reserved-cpus"),
-            reserved_count=int(cpu.get("reserved-count", 1)),
-            cpu_options={str(k): bool(v) for k, v in _table(cpu, "options", source).items()},
-            memory_static=memory.get("policy", "static") == "static",
-            memory_reserved=_reserved(_table(memory, "reserved", source), source),
-            device_classes=_classes(_table(raw, "devices", source), source),
-            paths=_paths(paths),
-            metrics_listen=str(metrics.get("listen", "127.0.0.1")),
-            metrics_port=int(metrics.get("port", 9477)),
-            reconcile_seconds=float(reconcile),
-        )
-    except (ValueError, TypeError) as err:
-        raise ConfigError(source, f"invalid value: {err}") from err
-
-
-def _paths(raw: Mapping[str, Any]) -> Paths:
-    default = Paths()
-    return Paths(
-        cgroup_root=str(raw.get("cgroup-root", default.cgroup_root)),
-        managed_roots=tuple(raw.get("managed-roots", default.managed_roots)),
-        state_dir=str(raw.get("state-dir", default.state_dir)),
-        socket=str(raw.get("socket", default.socket)),
-        workloads_dir=str(raw.get("workloads-dir", default.workloads_dir)),
+    top = _Table(raw, source)
+    top.only(_SECTIONS)
+    section = {name: top.table(name) for name in sorted(_SECTIONS)}
+    for name, keys in _KEYS.items():
+        section[name].only(keys)
+    topology, cpu, memory = section["topology"], section["cpu"], section["memory"]
+    daemon, metrics, d = section["daemon"], section["metrics"], _DEFAULT
+    topology_options, cpu_options = topology.table("options"), cpu.table("options")
+    return Config(
+        policy=topology.choice("policy", d.policy),
+        scope=topology.choice("scope", d.scope),
+        topology_options={k: topology_options.option(k) for k in topology_options.values},
+        reserved_cpus=_reserved_cpus(cpu),
+        reserved_count=cpu.integer("reserved-count", d.reserved_count, 0),
+        cpu_options={k: cpu_options.boolean(k) for k in cpu_options.values},
+        memory_static=memory.choice("policy", MemoryPolicy.STATIC) is MemoryPolicy.STATIC,
+        memory_reserved=_reserved(memory.table("reserved")),
+        device_classes=_classes(section["devices"]),
+        paths=_paths(section["paths"]),
+        metrics_listen=metrics.string("listen", d.metrics_listen),
+        metrics_port=metrics.integer("port", d.metrics_port, 0, 65535),
+        reconcile_seconds=daemon.seconds("reconcile-seconds", d.reconcile_seconds, 0.1, 3600),
+        release_grace_seconds=daemon.seconds(
+            "release-grace-seconds", d.release_grace_seconds, 0, 86400
+        ),
     )
 
 
-def _table(raw: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
-    value = raw.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ConfigError(source, f"{key} must be a table")
-    return value
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """One TOML table and its name in errors; one typed reader per kind of value."""
+
+    values: Mapping[str, Any]
+    source: str
+    name: str = ""  # "" for the file's top level, "cpu.options" for a nested table
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} [{self.name}]" if self.name else self.source
+
+    def fail(self, key: str, problem: str, hint: str | None = None) -> ConfigError:
+        return ConfigError(self.where, f"{key} = {self.values[key]!r}: {problem}", hint)
+
+    def only(self, allowed: set[str]) -> None:
+        unknown = sorted(set(self.values) - allowed)
+        if unknown:
+            raise ConfigError(
+                self.where,
+                f"unknown key {unknown[0]!r}",
+                f"known keys: {', '.join(sorted(allowed))}",
+            )
+
+    def table(self, key: str) -> _Table:
+        value = self.values.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.fail(key, "not a table")
+        return _Table(value, self.source, f"{self.name}.{key}" if self.name else key)
+
+    def boolean(self, key: str, default: bool = False) -> bool:
+        value = self.values.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(key, "not a boolean", "write true or false, without quotes")
+        return value
+
+    def choice(self, key: str, default: _E) -> _E:
+        kind = type(default)
+        value = self.values.get(key, default)
+        allowed = [member.value for member in kind]
+        if not isinstance(value, str) or value not in allowed:
+            raise self.fail(key, f"not one of {', '.join(allowed)}")
+        return kind(value)
+
+    def integer(self, key: str, default: int, lo: int, hi: int | None = None) -> int:
+        value = self.values.get(key, default)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < lo
+            or (hi is not None and value > hi)
+        ):
+            bounds = f"from {lo} to {hi}" if hi is not None else f"of {lo} or more"
+            raise self.fail(key, f"not a whole number {bounds}")
+        return value
+
+    def seconds(self, key: str, default: float, lo: float, hi: float) -> float:
+        value = self.values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+            raise self.fail(key, f"not a number of seconds from {lo:g} to {hi:g}")
+        return float(value)
+
+    def string(self, key: str, default: _S) -> str | _S:
+        if key not in self.values:
+            return default
+        value = self.values[key]
+        if not isinstance(value, str):
+            raise self.fail(key, "not a string")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.values.get(key, default)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, "not an array of non-empty strings")
+        return tuple(value)
+
+    def option(self, key: str) -> str:
+        """A kubelet option's value: a string, or a boolean as "true"/"false"."""
+        value = self.values[key]
+        if isinstance(value, bool):
+            return str(value).lower()
+        if not isinstance(value, str):
+            raise self.fail(key, "not a string or a boolean")
+        return value
 
 
-def _only(raw: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(
-            where, f"unknown key {unknown[0]!r}", f"known keys: {', '.join(sorted(allowed))}"
-        )
+def _reserved_cpus(cpu: _Table) -> str | None:
+    text = cpu.string("reserved-cpus", None)
+    if text is not None:
+        try:
+            CPUSet.parse_list(text)
+        except ValueError as err:
+            raise cpu.fail(
+                "reserved-cpus", str(err), 'use the kernel list format, like "0,16"'
+            ) from err
+    return text
+
+
+def _paths(raw: _Table) -> Paths:
+    d = _DEFAULT.paths
+    return Paths(
+        cgroup_root=raw.string("cgroup-root", d.cgroup_root),
+        managed_roots=raw.strings("managed-roots", d.managed_roots),
+        state_dir=raw.string("state-dir", d.state_dir),
+        socket=raw.string("socket", d.socket),
+        workloads_dir=raw.string("workloads-dir", d.workloads_dir),
+    )
 
 
 def quantity(value: object, where: str) -> int:
@@ -184,35 +277,35 @@ def quantity(value: object, where: str) -> int:
     raise ConfigError(where, f"{value!r} is not a quantity", "use bytes or a suffix like 1Gi")
 
 
-def _reserved(raw: Mapping[str, Any], source: str) -> dict[int, dict[str, int]]:
+def _reserved(raw: _Table) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
-    for node, amounts in raw.items():
-        where = f"{source} [memory.reserved.{node}]"
+    for node, amounts in raw.values.items():
+        where = f"{raw.source} [memory.reserved.{node}]"
         if not str(node).isdigit() or not isinstance(amounts, Mapping):
             raise ConfigError(where, "must be a NUMA node id mapped to a table of amounts")
         out[int(node)] = {str(r): quantity(v, f"{where} {r}") for r, v in amounts.items()}
     return out
 
 
-def _classes(raw: Mapping[str, Any], source: str) -> tuple[DeviceClass, ...]:
+def _classes(raw: _Table) -> tuple[DeviceClass, ...]:
     classes = []
-    for name, sel in raw.items():
-        where = f"{source} [devices.{name}]"
-        if not isinstance(sel, Mapping):
-            raise ConfigError(where, "must be a table of selectors")
-        _only(sel, _DEVICE_KEYS, where)
-        if not sel:
+    for name in raw.values:
+        sel = raw.table(name)
+        sel.only(_DEVICE_KEYS)
+        if not sel.values:
             raise ConfigError(
-                where, "selects nothing", "give vendor, device, class-prefix, driver or addresses"
+                sel.where,
+                "selects nothing",
+                "give vendor, device, class-prefix, driver or addresses",
             )
         classes.append(
             DeviceClass(
                 name=str(name),
-                vendor=sel.get("vendor"),
-                device=sel.get("device"),
-                class_prefix=sel.get("class-prefix"),
-                driver=sel.get("driver"),
-                addresses=tuple(str(a).lower() for a in sel.get("addresses", ())),
+                vendor=sel.string("vendor", None),
+                device=sel.string("device", None),
+                class_prefix=sel.string("class-prefix", None),
+                driver=sel.string("driver", None),
+                addresses=tuple(a.lower() for a in sel.strings("addresses", ())),
             )
         )
     return tuple(classes)
