@@ -1,10 +1,12 @@
-"""Workload specs: numad's own shape (TOML, JSON) and Kubernetes Pod manifests (YAML).
+"""Workload specs: numad's own shape (TOML, JSON, YAML), and the parsing it shares
+with Kubernetes Pod manifests (read by ``numad.pod``).
 
 The input edge of admission. Text is parsed once, here, into a validated
 ``WorkloadSpec``; only ``load_spec`` opens a file. Names and cgroup paths are
 checked before anything uses them, and every cgroup stays inside a managed root
 (DESIGN section 5, invariant 5). Bad input of any shape becomes a ``SpecError``
-naming the workload (or the file) and the field (invariant 6).
+naming the workload (or the file) and the field (invariant 6). ``Reader`` and
+the value helpers below it are the checks both shapes share.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_CEILING, Context, Decimal
+from decimal import Context, Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -38,8 +40,6 @@ MAX_DEVICES = 1 << 16
 MAX_CGROUP_PATH = 1024
 DEFAULT_MANAGED_ROOTS = ("numad.slice",)
 DEFAULT_CONTAINER = "main"
-CGROUP_ANNOTATION = "numad.io/cgroup"
-POLICY_ANNOTATION = "numad.io/topology-policy"
 
 FORMATS: Mapping[str, Format] = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
@@ -61,12 +61,11 @@ _SCALE = {
     **{s: Decimal(1000**i) for i, s in enumerate("kMGTPE", 1)},
     **{f"{s}i": Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
 }
-_EXACT = Context(prec=200)  # no rounding at any size a quantity string can spell
+EXACT = Context(prec=200)  # no rounding at any size a quantity string can spell
 _CPU_TEXT = re.compile(r"(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)(?P<milli>m?)")
 _CPUS_HINT = 'use an integer for exclusive CPUs, or "500m" or 0.5 for the shared pool'
 _BYTES_HINT = "use bytes or a suffix like 32Gi"
-_HUGEPAGES = "hugepages-"
-_NOT_DEVICES = frozenset({"cpu", MEMORY, "ephemeral-storage", "storage"})
+HUGEPAGES = "hugepages-"
 _TOP_FIELDS = ("name", "cgroup", "policy", "containers", "cpus", "memory", "devices")
 _CONTAINER_FIELDS = ("name", "cgroup", "kind", "cpus", "memory", "devices")
 _RESOURCE_FIELDS = frozenset({"cpus", "memory", "devices"})
@@ -74,7 +73,7 @@ _POLICIES = frozenset(p.value for p in Policy)
 _KINDS = frozenset(k.value for k in ContainerKind)
 
 
-def _frozen(values: Mapping[str, int]) -> Mapping[str, int]:
+def frozen(values: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(sorted(values.items())))
 
 
@@ -84,8 +83,8 @@ class ContainerSpec:
     cgroup: str  # relative to the workload's cgroup; "" is the workload cgroup itself
     exclusive_cpus: int = 0
     shared_millicpus: int = 0  # a request on the shared pool (pinned to the whole pool)
-    memory: Mapping[str, int] = field(default_factory=lambda: _frozen({}))  # resource -> bytes
-    devices: Mapping[str, int] = field(default_factory=lambda: _frozen({}))  # class -> count
+    memory: Mapping[str, int] = field(default_factory=lambda: frozen({}))  # resource -> bytes
+    devices: Mapping[str, int] = field(default_factory=lambda: frozen({}))  # class -> count
     kind: ContainerKind = ContainerKind.APP
 
 
@@ -134,7 +133,7 @@ def _resources_dict(c: ContainerSpec) -> dict[str, Any]:
         out["cpus"] = f"{c.shared_millicpus}m"
     for resource, amount in c.memory.items():
         # Memory in bytes, hugepages as a page count (the spec's integer form).
-        page = _page_size(resource.removeprefix(_HUGEPAGES)) if resource != MEMORY else None
+        page = _page_size(resource.removeprefix(HUGEPAGES)) if resource != MEMORY else None
         out[resource] = amount // page if page else amount
     if c.devices:
         out["devices"] = dict(c.devices)
@@ -184,10 +183,13 @@ def parse_spec(
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(source, f"longer than {MAX_SPEC_BYTES} characters", "is it a spec?")
     classes = None if device_classes is None else frozenset(device_classes)
-    reader = _Reader(source, _roots(managed_roots), classes)
+    reader = Reader(source, _roots(managed_roots), classes)
     doc = reader.table(_decode(text, fmt, source), "top level")
     if fmt != "toml" and ("apiVersion" in doc or "kind" in doc):
-        return reader.pod(doc)
+        # numad.pod builds on this module's Reader, so it is imported only here.
+        from numad.pod import read_pod  # noqa: PLC0415
+
+        return read_pod(reader, doc)
     return reader.native(doc)
 
 
@@ -219,7 +221,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"duplicate key {_show(key)}")
+            raise ValueError(f"duplicate key {show(key)}")
         out[key] = value
     return out
 
@@ -253,7 +255,7 @@ def _decode_problem(err: Exception) -> str:
     return problem[:300] or type(err).__name__
 
 
-def _kind(value: object, *, empty: bool = False) -> str:
+def type_name(value: object, *, empty: bool = False) -> str:
     names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "table"}
     if empty and value == []:
         return "an empty one"
@@ -262,7 +264,7 @@ def _kind(value: object, *, empty: bool = False) -> str:
     return "array" if isinstance(value, list) else names.get(type(value), type(value).__name__)
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A short rendering of an input value. Containers are named, not shown: YAML
     aliases make small documents whose repr is exponentially large."""
     if isinstance(value, str):
@@ -274,31 +276,31 @@ def _show(value: object) -> str:
     elif isinstance(value, int) and value.bit_length() > 256:
         text = "a huge integer"  # TOML hex literals have no digit limit; repr would refuse
     elif isinstance(value, list | dict | set | tuple):
-        text = f"an {_kind(value)}" if isinstance(value, list) else f"a {_kind(value)}"
+        text = f"an {type_name(value)}" if isinstance(value, list) else f"a {type_name(value)}"
     else:
         text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _member(where: str, key: str) -> str:
+def member(where: str, key: str) -> str:
     """``where.key``, or ``where["odd key"]`` when the key is not a plain word."""
     if not _PLAIN_KEY.fullmatch(key):
-        return f"{where}[{_show(key)}]"
+        return f"{where}[{show(key)}]"
     return f"{where}.{key}" if where else key
 
 
 def _path_problem(path: str) -> str | None:
     """What is wrong with a relative cgroup path; NUL and backslash fail the charset."""
     if not path or len(path) > MAX_CGROUP_PATH:
-        return f"{_show(path)} is empty or longer than {MAX_CGROUP_PATH} characters"
+        return f"{show(path)} is empty or longer than {MAX_CGROUP_PATH} characters"
     if path.startswith("/"):
-        return f"{_show(path)} is absolute"
+        return f"{show(path)} is absolute"
     parts = path.split("/")
     bad = next((p for p in parts if p in ("", ".", "..") or not _COMPONENT.fullmatch(p)), None)
     if bad in ("", ".", ".."):
-        return f"{_show(path)} has an empty, '.' or '..' component"
+        return f"{show(path)} has an empty, '.' or '..' component"
     if bad is not None:
-        return f"{_show(path)}: {_show(bad)} has characters outside A-Z a-z 0-9 _ . : @ + -"
+        return f"{show(path)}: {show(bad)} has characters outside A-Z a-z 0-9 _ . : @ + -"
     return None
 
 
@@ -308,11 +310,11 @@ def _quantity(text: str) -> Decimal | None:
         return None
     exponent, suffix = match["exponent"], match["suffix"]
     scale = Decimal(10) ** int(exponent) if exponent else _SCALE.get(suffix, Decimal(1))
-    value = _EXACT.multiply(Decimal(match["number"]), scale)
+    value = EXACT.multiply(Decimal(match["number"]), scale)
     return -value if match["sign"] == "-" else value
 
 
-def _amount(value: object) -> Decimal | None:
+def exact_number(value: object) -> Decimal | None:
     """An exact number from an integer, a finite float or a quantity string."""
     if isinstance(value, Decimal):
         return value
@@ -325,37 +327,24 @@ def _amount(value: object) -> Decimal | None:
     return _quantity(value) if isinstance(value, str) else None
 
 
-def _whole(value: Decimal) -> bool:
+def is_whole(value: Decimal) -> bool:
     return value == value.to_integral_value()
 
 
 def _page_size(size: str) -> int | None:
     """Bytes per page for the size in a ``hugepages-<size>`` name (a power of two)."""
     amount = _quantity(size)
-    if amount is None or not 1024 <= amount <= 1 << 40 or not _whole(amount):
+    if amount is None or not 1024 <= amount <= 1 << 40 or not is_whole(amount):
         return None
     page = int(amount)
     return page if page % 1024 == 0 and page & (page - 1) == 0 else None
 
 
 @dataclass(frozen=True, slots=True)
-class _PodContainer:
-    where: str
-    name: str
-    kind: ContainerKind
-    requests: Mapping[str, Decimal]  # with the limits filled in where no request is given
-    limits: Mapping[str, Decimal]
+class Reader:
+    """The checks every spec shape shares; ``subject`` names the workload (or, until
+    its name is read, the input) in every error."""
 
-    def guaranteed(self) -> bool:
-        """The kubelet's QoS rule: cpu and memory limits, and requests equal to them."""
-        return all(
-            self.limits.get(r, 0) > 0 and self.requests.get(r) == self.limits[r]
-            for r in ("cpu", MEMORY)
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Reader:
     subject: str
     roots: tuple[str, ...]
     device_classes: frozenset[str] | None
@@ -365,40 +354,40 @@ class _Reader:
 
     def table(self, value: object, where: str) -> dict[str, object]:
         if not isinstance(value, dict):
-            raise self.fail(where, f"expected a table, got {_kind(value)}")
+            raise self.fail(where, f"expected a table, got {type_name(value)}")
         out: dict[str, object] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise self.fail(where, f"field name {_show(key)} is not a string")
+                raise self.fail(where, f"field name {show(key)} is not a string")
             out[key] = item
         return out
 
     def required(self, doc: Mapping[str, object], key: str, where: str) -> object:
         if key not in doc:
-            raise self.fail(_member(where, key), "missing")
+            raise self.fail(member(where, key), "missing")
         return doc[key]
 
     def known(self, doc: Mapping[str, object], where: str, fields: Sequence[str]) -> None:
         for key in doc:
-            if key in fields or key.startswith(_HUGEPAGES):
+            if key in fields or key.startswith(HUGEPAGES):
                 continue
             close = difflib.get_close_matches(key, fields, n=1)
             known = f"known: {', '.join(fields)}, hugepages-<size>"
             hint = f"did you mean {close[0]}?" if close else known
             raise self.fail(
-                _member(where, key), f"unknown field in {where or 'the top level'}", hint
+                member(where, key), f"unknown field in {where or 'the top level'}", hint
             )
 
     def name(self, value: object, where: str) -> str:
         if not isinstance(value, str):
-            raise self.fail(where, f"expected a name, got {_kind(value)}")
+            raise self.fail(where, f"expected a name, got {type_name(value)}")
         if not _NAME.fullmatch(value):
-            raise self.fail(where, f"{_show(value)} is not a valid name", _NAME_HINT)
+            raise self.fail(where, f"{show(value)} is not a valid name", _NAME_HINT)
         return value
 
     def path(self, value: object, where: str) -> str:
         if not isinstance(value, str):
-            raise self.fail(where, f"expected a cgroup path, got {_kind(value)}")
+            raise self.fail(where, f"expected a cgroup path, got {type_name(value)}")
         problem = _path_problem(value)
         if problem:
             raise self.fail(where, problem, _PATH_HINT)
@@ -409,7 +398,7 @@ class _Reader:
         if not any(path.startswith(f"{root}/") for root in self.roots):
             roots = " or ".join(self.roots) or "a managed root (none are configured)"
             raise self.fail(
-                where, f"{_show(path)} is outside the managed roots", f"put it in {roots}"
+                where, f"{show(path)} is outside the managed roots", f"put it in {roots}"
             )
         return path
 
@@ -417,7 +406,7 @@ class _Reader:
         if isinstance(value, str) and value in _POLICIES:
             return Policy(value)
         choices = ", ".join(p.value for p in Policy)
-        raise self.fail(where, f"{_show(value)} is not a topology policy", f"use one of {choices}")
+        raise self.fail(where, f"{show(value)} is not a topology policy", f"use one of {choices}")
 
     # -- numad's own shape ---------------------------------------------------------------
 
@@ -430,16 +419,14 @@ class _Reader:
         if "containers" not in doc:
             main = r.resources(doc, "", DEFAULT_CONTAINER, "", ContainerKind.APP)
             return WorkloadSpec(name, cgroup, policy, (main,))
-        beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(_HUGEPAGES)]
+        beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(HUGEPAGES)]
         if beside:
-            raise r.fail(
-                _member("", beside[0]), "not allowed beside containers", "move it into one"
-            )
+            raise r.fail(member("", beside[0]), "not allowed beside containers", "move it into one")
         items = doc["containers"]
         if not isinstance(items, list) or not items:
             raise r.fail(
                 "containers",
-                f"expected a non-empty array of tables, got {_kind(items, empty=True)}",
+                f"expected a non-empty array of tables, got {type_name(items, empty=True)}",
             )
         wheres = [f"containers[{i}]" for i in range(len(items))]
         containers = tuple(r.container(item, w) for item, w in zip(items, wheres, strict=True))
@@ -454,25 +441,23 @@ class _Reader:
         raw_kind = doc.get("kind", ContainerKind.APP.value)
         if not isinstance(raw_kind, str) or raw_kind not in _KINDS:
             choices = ", ".join(k.value for k in ContainerKind)
-            raise self.fail(f"{where}.kind", f"{_show(raw_kind)} is not a kind", f"use {choices}")
+            raise self.fail(f"{where}.kind", f"{show(raw_kind)} is not a kind", f"use {choices}")
         return self.resources(doc, where, name, cgroup, ContainerKind(raw_kind))
 
     def resources(
         self, doc: Mapping[str, object], where: str, name: str, cgroup: str, kind: ContainerKind
     ) -> ContainerSpec:
-        cpus = self.cpus(doc["cpus"], _member(where, "cpus")) if "cpus" in doc else (0, 0)
+        cpus = self.cpus(doc["cpus"], member(where, "cpus")) if "cpus" in doc else (0, 0)
         memory: dict[str, int] = {}
         if "memory" in doc:
-            memory[MEMORY] = self.size(doc["memory"], _member(where, "memory"))
-        for key in sorted(k for k in doc if k.startswith(_HUGEPAGES)):
-            resource, amount = self.hugepages(key, doc[key], _member(where, key), pages=True)
+            memory[MEMORY] = self.size(doc["memory"], member(where, "memory"))
+        for key in sorted(k for k in doc if k.startswith(HUGEPAGES)):
+            resource, amount = self.hugepages(key, doc[key], member(where, key), pages=True)
             if resource in memory:
-                raise self.fail(_member(where, key), f"names the same page size as {resource}")
+                raise self.fail(member(where, key), f"names the same page size as {resource}")
             memory[resource] = amount
-        devices = (
-            self.devices(doc["devices"], _member(where, "devices")) if "devices" in doc else {}
-        )
-        return ContainerSpec(name, cgroup, *cpus, _frozen(memory), _frozen(devices), kind)
+        devices = self.devices(doc["devices"], member(where, "devices")) if "devices" in doc else {}
+        return ContainerSpec(name, cgroup, *cpus, frozen(memory), frozen(devices), kind)
 
     def cpus(self, value: object, where: str) -> tuple[int, int]:
         """(exclusive CPUs, shared millicpus): 4 and "4" are exclusive, 0.5 and "500m" shared."""
@@ -484,52 +469,52 @@ class _Reader:
                 milli_form = bool(match["milli"])
                 millis = Decimal(match["number"]) * (1 if milli_form else 1000)
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            amount = _amount(value)
-            millis = None if amount is None else _EXACT.multiply(amount, Decimal(1000))
+            amount = exact_number(value)
+            millis = None if amount is None else EXACT.multiply(amount, Decimal(1000))
         if millis is None:
-            raise self.fail(where, f"{_show(value)} is not a number of CPUs", _CPUS_HINT)
+            raise self.fail(where, f"{show(value)} is not a number of CPUs", _CPUS_HINT)
         if not 0 < millis <= MAX_CPUS * 1000:
             raise self.fail(
                 where,
-                f"{_show(value)} is out of range",
+                f"{show(value)} is out of range",
                 f"ask for more than 0 and at most {MAX_CPUS} CPUs",
             )
-        if not _whole(millis):
-            raise self.fail(where, f"{_show(value)} is finer than a millicpu", _CPUS_HINT)
+        if not is_whole(millis):
+            raise self.fail(where, f"{show(value)} is finer than a millicpu", _CPUS_HINT)
         if not milli_form and millis % 1000 == 0:
             return int(millis) // 1000, 0
         return 0, int(millis)
 
     def size(self, value: object, where: str, *, unit: str = "bytes") -> int:
-        amount = _amount(value)
+        amount = exact_number(value)
         if amount is None:
-            raise self.fail(where, f"{_show(value)} is not a quantity", _BYTES_HINT)
+            raise self.fail(where, f"{show(value)} is not a quantity", _BYTES_HINT)
         if amount <= 0:
-            raise self.fail(where, f"{_show(value)} is not positive", "leave the field out instead")
+            raise self.fail(where, f"{show(value)} is not positive", "leave the field out instead")
         if amount > MAX_BYTES:
-            raise self.fail(where, f"{_show(value)} is more than 2^63-1 {unit}")
-        if not _whole(amount):
-            raise self.fail(where, f"{_show(value)} is not a whole number of {unit}", _BYTES_HINT)
+            raise self.fail(where, f"{show(value)} is more than 2^63-1 {unit}")
+        if not is_whole(amount):
+            raise self.fail(where, f"{show(value)} is not a whole number of {unit}", _BYTES_HINT)
         return int(amount)
 
     def hugepages(self, key: str, value: object, where: str, *, pages: bool) -> tuple[str, int]:
         """The resource name and bytes; with ``pages`` an integer counts pages."""
-        page = _page_size(key.removeprefix(_HUGEPAGES))
+        page = _page_size(key.removeprefix(HUGEPAGES))
         if page is None:
             raise self.fail(where, "not a hugepage size", "write hugepages-2Mi or hugepages-1Gi")
         resource = hugepage_resource(page // 1024)
         if pages and isinstance(value, int) and not isinstance(value, bool):
             if not 0 < value <= MAX_BYTES // page:
-                raise self.fail(where, f"{_show(value)} pages is out of range")
+                raise self.fail(where, f"{show(value)} pages is out of range")
             return resource, value * page
         if pages and not isinstance(value, str):
-            raise self.fail(where, f"expected a page count or a quantity, got {_kind(value)}")
+            raise self.fail(where, f"expected a page count or a quantity, got {type_name(value)}")
         amount = self.size(value, where)
         if amount % page:
-            size = resource.removeprefix(_HUGEPAGES)
+            size = resource.removeprefix(HUGEPAGES)
             raise self.fail(
                 where,
-                f"{_show(value)} is not a multiple of the {size} page size",
+                f"{show(value)} is not a multiple of the {size} page size",
                 f"ask for whole pages: an integer count, or a multiple of {size}",
             )
         return resource, amount
@@ -537,147 +522,36 @@ class _Reader:
     def devices(self, value: object, where: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for cls, count in sorted(self.table(value, where).items()):
-            at = _member(where, cls)
+            at = member(where, cls)
             self.device_class(cls, at)
             if type(count) is not int or not 0 < count <= MAX_DEVICES:
                 hint = f"use an integer from 1 to {MAX_DEVICES}"
-                raise self.fail(at, f"{_show(count)} is not a device count", hint)
+                raise self.fail(at, f"{show(count)} is not a device count", hint)
             out[cls] = count
         return out
 
     def device_class(self, name: str, where: str) -> None:
         if self.device_classes is None:
             if not _DEVICE_CLASS.fullmatch(name):
-                raise self.fail(where, f"{_show(name)} is not a device class name")
+                raise self.fail(where, f"{show(name)} is not a device class name")
         elif name not in self.device_classes:
             known = ", ".join(sorted(self.device_classes)) or "none are configured"
-            raise self.fail(where, f"unknown device class {_show(name)}", f"known: {known}")
+            raise self.fail(where, f"unknown device class {show(name)}", f"known: {known}")
 
     def check_containers(self, containers: Sequence[ContainerSpec], wheres: Sequence[str]) -> None:
         names: dict[str, str] = {}
         cgroups: dict[str, str] = {}
         for c, where in zip(containers, wheres, strict=True):
             if c.name in names:
-                raise self.fail(f"{where}.name", f"{_show(c.name)} is taken by {names[c.name]}")
+                raise self.fail(f"{where}.name", f"{show(c.name)} is taken by {names[c.name]}")
             if c.cgroup in cgroups:
-                raise self.fail(f"{where}.cgroup", f"{_show(c.cgroup)} is {cgroups[c.cgroup]}'s")
+                raise self.fail(f"{where}.cgroup", f"{show(c.cgroup)} is {cgroups[c.cgroup]}'s")
             names[c.name] = cgroups[c.cgroup] = where
         for c, where in zip(containers, wheres, strict=True):
             parts = c.cgroup.split("/")
             for outer in ("/".join(parts[:i]) for i in range(1, len(parts))):
                 if outer in cgroups:
-                    problem = f"{_show(c.cgroup)} is inside {cgroups[outer]}'s cgroup"
+                    problem = f"{show(c.cgroup)} is inside {cgroups[outer]}'s cgroup"
                     raise self.fail(f"{where}.cgroup", problem, "give containers sibling cgroups")
         if all(c.kind is not ContainerKind.APP for c in containers):
             raise self.fail("containers", "no app container", 'give one container kind "app"')
-
-    # -- Kubernetes Pod manifests ----------------------------------------------------------
-
-    def pod(self, doc: Mapping[str, object]) -> WorkloadSpec:
-        if doc.get("apiVersion") != "v1" or doc.get("kind") != "Pod":
-            problem = f"{_show(doc.get('apiVersion'))} {_show(doc.get('kind'))} is not a v1 Pod"
-            raise self.fail("kind", problem, "numad reads apiVersion: v1, kind: Pod manifests")
-        meta = self.table(self.required(doc, "metadata", ""), "metadata")
-        raw = self.required(meta, "name", "metadata")
-        name = self.name(raw.lower() if isinstance(raw, str) else raw, "metadata.name")
-        r = replace(self, subject=name)
-        notes = r.table(meta.get("annotations") or {}, "metadata.annotations")
-        if not r.roots:
-            raise r.fail("metadata", "no managed cgroup roots are configured")
-        where = _member("metadata.annotations", CGROUP_ANNOTATION)
-        cgroup = r.workload_cgroup(notes.get(CGROUP_ANNOTATION, f"{r.roots[0]}/{name}"), where)
-        policy = None
-        if POLICY_ANNOTATION in notes:
-            where = _member("metadata.annotations", POLICY_ANNOTATION)
-            policy = r.policy(notes[POLICY_ANNOTATION], where)
-        spec = r.table(r.required(doc, "spec", ""), "spec")
-        parsed = [
-            r.pod_container(item, f"spec.{key}[{i}]", init=key == "initContainers")
-            for key in ("initContainers", "containers")
-            for i, item in enumerate(r.pod_list(spec, key, required=key == "containers"))
-        ]
-        guaranteed = all(c.guaranteed() for c in parsed)
-        containers = tuple(r.pod_spec(c, guaranteed=guaranteed) for c in parsed)
-        r.check_containers(containers, [c.where for c in parsed])
-        return WorkloadSpec(name, cgroup, policy, containers)
-
-    def pod_list(self, spec: Mapping[str, object], key: str, *, required: bool) -> list[object]:
-        value = spec.get(key)
-        if value is None and not required:
-            return []
-        if not isinstance(value, list) or (required and not value):
-            problem = f"expected a {'non-empty ' if required else ''}list, got "
-            raise self.fail(f"spec.{key}", problem + _kind(value, empty=True))
-        return value
-
-    def pod_container(self, value: object, where: str, *, init: bool) -> _PodContainer:
-        doc = self.table(value, where)
-        name = self.name(self.required(doc, "name", where), f"{where}.name")
-        restart = doc.get("restartPolicy")
-        kind = ContainerKind.APP
-        if init and restart == "Always":
-            kind = ContainerKind.SIDECAR
-        elif init and restart is None:
-            kind = ContainerKind.INIT
-        elif init:
-            raise self.fail(f"{where}.restartPolicy", f"{_show(restart)} is not Always")
-        resources = self.table(doc.get("resources") or {}, f"{where}.resources")
-        limits = self.quantities(resources.get("limits"), f"{where}.resources.limits")
-        asked = self.quantities(resources.get("requests"), f"{where}.resources.requests")
-        for resource in limits.keys() & asked.keys():
-            if asked[resource] > limits[resource]:
-                raise self.fail(
-                    _member(f"{where}.resources.requests", resource),
-                    f"{_show(asked[resource])} is more than its limit {_show(limits[resource])}",
-                )
-        return _PodContainer(where, name, kind, limits | asked, limits)
-
-    def quantities(self, value: object, where: str) -> dict[str, Decimal]:
-        out: dict[str, Decimal] = {}
-        for resource, raw in self.table(value or {}, where).items():
-            amount = _amount(raw)
-            if amount is None or amount < 0:
-                problem = f"{_show(raw)} is not a quantity"
-                raise self.fail(_member(where, resource), problem, "use a suffix like 500m or 32Gi")
-            out[resource] = amount
-        return out
-
-    def pod_spec(self, c: _PodContainer, *, guaranteed: bool) -> ContainerSpec:
-        """The kubelet's reading: exclusive CPUs and memory pinning only when Guaranteed."""
-        cpu = c.requests.get("cpu", Decimal(0))
-        if cpu > MAX_CPUS:
-            where = _member(f"{c.where}.resources.requests", "cpu")
-            raise self.fail(where, f"{_show(cpu)} is more than {MAX_CPUS} CPUs")
-        millis = int(_EXACT.multiply(cpu, Decimal(1000)).to_integral_value(ROUND_CEILING))
-        whole = guaranteed and millis > 0 and millis % 1000 == 0
-        memory: dict[str, int] = {}
-        for resource, amount in c.requests.items() if guaranteed else ():
-            where = _member(f"{c.where}.resources.requests", resource)
-            if resource == MEMORY and amount > 0:
-                memory[MEMORY] = self.size(amount.to_integral_value(ROUND_CEILING), where)
-            elif resource.startswith(_HUGEPAGES) and amount > 0:
-                name, size = self.hugepages(resource, amount, where, pages=False)
-                if name in memory:
-                    raise self.fail(where, f"names the same page size as {name}")
-                memory[name] = size
-        cpus = (millis // 1000, 0) if whole else (0, millis)
-        devices = self.pod_devices(c)
-        return ContainerSpec(c.name, c.name, *cpus, _frozen(memory), _frozen(devices), c.kind)
-
-    def pod_devices(self, c: _PodContainer) -> dict[str, int]:
-        """Extended resources named like a device class, or like one after a vendor prefix."""
-        classes = self.device_classes or frozenset()
-        out: dict[str, int] = {}
-        origin: dict[str, str] = {}
-        for resource, amount in sorted(c.limits.items()):
-            cls = resource if resource in classes else resource.rpartition("/")[2]
-            if resource in _NOT_DEVICES or resource.startswith(_HUGEPAGES) or cls not in classes:
-                continue
-            where = _member(f"{c.where}.resources.limits", resource)
-            if not _whole(amount) or amount > MAX_DEVICES:
-                raise self.fail(where, f"{_show(amount)} is not a device count")
-            if cls in origin:
-                raise self.fail(where, f"asks for device class {cls} again (as {origin[cls]})")
-            if amount:
-                out[cls], origin[cls] = int(amount), resource
-        return out
