@@ -19,12 +19,12 @@ parent's when that is empty, so an empty ``cpuset.cpus`` means "inherit"; a
 cpuset with tasks cannot become empty (ENOSPC); ids beyond the possible CPUs
 give ERANGE, other bad lists EINVAL.
 
-Scratch trees (``make_scratch_v2``/``make_scratch_v1``) hold a marker file that
-cgroupfs cannot hold (it refuses to create regular files). With
-``emulate_kernel`` a backend also does the kernel's part there: interface files
-of new cgroups, ``cgroup.subtree_control`` semantics and the effective sets.
-Emulation refuses a tree without the marker, so on a real hierarchy numad never
-writes a file that the kernel owns.
+Scratch trees (``numad.scratch``) hold a marker file that cgroupfs cannot hold
+(it refuses to create regular files). With ``emulate_kernel`` a backend also
+has ``numad.scratch`` do the kernel's part there: interface files of new
+cgroups, ``cgroup.subtree_control`` semantics and the effective sets. Emulation
+refuses a tree without the marker, so on a real hierarchy numad never writes a
+file that the kernel owns.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from cgroupspy import controllers, nodes
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
+
+if TYPE_CHECKING:
+    from numad.scratch import KernelV1, KernelV2
 
 SCRATCH_MARKER = ".numad-scratch"
 DEFAULT_MANAGED_ROOTS = ("numad.slice",)
@@ -121,7 +124,7 @@ class _Backend:
             raise CgroupError(
                 str(root),
                 "kernel emulation is only for scratch trees, and this is not one",
-                "lay the tree out with make_scratch_v2 or make_scratch_v1",
+                "lay the tree out with numad.scratch.make_scratch_v2 or make_scratch_v1",
             )
         self.emulate_kernel = emulate_kernel
 
@@ -264,7 +267,12 @@ class CgroupV2Backend(_Backend):
         emulate_kernel: bool = False,
     ) -> None:
         super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
-        self._kernel = _KernelV2() if emulate_kernel else None
+        self._kernel: KernelV2 | None = None
+        if emulate_kernel:
+            # numad.scratch builds on this module; only scratch trees need it.
+            from numad.scratch import KernelV2  # noqa: PLC0415
+
+            self._kernel = KernelV2()
 
     def ensure(self, path: CgroupPath | str) -> None:
         """Make ``path`` exist with cpuset enabled in every ancestor's subtree_control."""
@@ -337,7 +345,7 @@ class CgroupV2Backend(_Backend):
     def _write(self, cg: CgroupPath, file: Path, value: str) -> None:
         with self._failures(cg, f"writing {value!r} to {file.name}", file.parent):
             if self._kernel is not None:
-                self._kernel.write(file, value)
+                self._kernel.write(file, value, _write_file)
             else:
                 _write_file(file, value)
 
@@ -369,7 +377,12 @@ class CgroupV1Backend(_Backend):
         emulate_kernel: bool = False,
     ) -> None:
         super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
-        self._kernel = _KernelV1() if emulate_kernel else None
+        self._kernel: KernelV1 | None = None
+        if emulate_kernel:
+            # numad.scratch builds on this module; only scratch trees need it.
+            from numad.scratch import KernelV1  # noqa: PLC0415
+
+            self._kernel = KernelV1()
 
     def ensure(self, path: CgroupPath | str) -> None:
         """Make ``path`` exist; a new cgroup gets its parent's cpus and mems.
@@ -502,11 +515,11 @@ def detect_backend(
     except OSError as err:
         raise CgroupError(str(root), f"cannot read cgroup.controllers: {err.strerror}") from err
     if "cpuset" in offered:
-        emulate = _scratch(root) if emulate_kernel is None else emulate_kernel
+        emulate = is_scratch(root) if emulate_kernel is None else emulate_kernel
         return CgroupV2Backend(root, managed_roots, emulate_kernel=emulate)
     hierarchy = root / "cpuset"
     if (hierarchy / "cpuset.cpus").is_file():
-        emulate = _scratch(hierarchy) if emulate_kernel is None else emulate_kernel
+        emulate = is_scratch(hierarchy) if emulate_kernel is None else emulate_kernel
         return CgroupV1Backend(hierarchy, managed_roots, emulate_kernel=emulate)
     raise CgroupError(
         str(root),
@@ -516,190 +529,6 @@ def detect_backend(
     )
 
 
-def _scratch(root: Path) -> bool:
+def is_scratch(root: Path) -> bool:
+    """Whether ``root`` is a scratch tree (``numad.scratch``): it holds the marker."""
     return (root / SCRATCH_MARKER).is_file()
-
-
-# -- scratch trees and the kernel's part in them -------------------------------------------
-
-
-def make_scratch_v2(root: Path, cpus: CPUSet, mems: NodeSet, cgroups: Iterable[str] = ()) -> None:
-    """Lay out a v2 root cgroup at ``root`` (the machine's ``cpus``/``mems``) and ``cgroups``.
-
-    Like the kernel's root cgroup it has effective files but no ``cpuset.cpus``.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    files = {
-        "cgroup.controllers": "cpuset cpu io memory pids",
-        "cgroup.subtree_control": "",
-        "cgroup.procs": "",
-        "cpuset.cpus.effective": cpus.format_list(),
-        "cpuset.mems.effective": mems.format_list(),
-        SCRATCH_MARKER: "a scratch cgroup v2 tree made by numad; its kernel is emulated",
-    }
-    _kernel_files(root, files)
-    _make_cgroups(CgroupV2Backend, root, cgroups)
-
-
-def make_scratch_v1(
-    root: Path,
-    cpus: CPUSet,
-    mems: NodeSet,
-    cgroups: Iterable[str] = (),
-    *,
-    effective_files: bool = True,
-) -> None:
-    """Lay out a v1 cpuset hierarchy at ``root/cpuset``, with ``cgroups`` in it.
-
-    ``effective_files=False`` gives the older kernels' tree without
-    ``cpuset.effective_cpus``/``cpuset.effective_mems``.
-    """
-    hierarchy = root / "cpuset"
-    hierarchy.mkdir(parents=True, exist_ok=True)
-    files = {
-        **_V1_FILES,
-        "cpuset.cpus": cpus.format_list(),
-        "cpuset.mems": mems.format_list(),
-        SCRATCH_MARKER: "a scratch cgroup v1 cpuset hierarchy made by numad",
-    }
-    if effective_files:
-        files |= {"cpuset.effective_cpus": cpus.format_list()}
-        files |= {"cpuset.effective_mems": mems.format_list()}
-    _kernel_files(hierarchy, files)
-    _make_cgroups(CgroupV1Backend, hierarchy, cgroups)
-
-
-def scratch_mkdir(root: Path, path: str) -> None:
-    """Create cgroup ``path`` (and missing levels inside its managed root) in a scratch
-    v2 tree, with the interface files the kernel's mkdir would give it: what a
-    service manager does when a workload starts (tests and demos)."""
-    if not _scratch(root):
-        raise CgroupError(
-            str(root), "is not a scratch cgroup tree", "only scratch trees are changed this way"
-        )
-    _make_cgroups(CgroupV2Backend, root, [path])
-
-
-def _make_cgroups(
-    backend: type[CgroupV2Backend | CgroupV1Backend], root: Path, cgroups: Iterable[str]
-) -> None:
-    paths = [CgroupPath.parse(text) for text in cgroups]
-    if paths:
-        tops = {CgroupPath(path.parts[:1]) for path in paths}
-        maker = backend(root, tops, emulate_kernel=True)
-        for path in paths:
-            maker.ensure(path)
-
-
-_V1_FILES = {
-    "cpuset.cpus": "",
-    "cpuset.mems": "",
-    "cgroup.procs": "",
-    "tasks": "",
-    "cgroup.clone_children": "0",
-    "notify_on_release": "0",
-}
-
-
-def _kernel_files(d: Path, files: Mapping[str, str]) -> None:
-    """Files only the kernel writes on a real hierarchy; scratch trees only."""
-    for name, text in files.items():
-        (d / name).write_text(f"{text}\n")
-
-
-def _ids(kind: type[_S], file: Path) -> _S:
-    return kind.parse_list(file.read_text())
-
-
-class _KernelV2:
-    """What cgroupfs v2 does on its own, emulated on scratch trees."""
-
-    def mkdir(self, d: Path) -> None:
-        d.mkdir()
-        enabled = (d.parent / "cgroup.subtree_control").read_text().split()
-        files = {"cgroup.controllers": " ".join(enabled), "cgroup.subtree_control": ""}
-        _kernel_files(d, files | {"cgroup.procs": "", "cgroup.type": "domain"})
-        if "cpuset" in enabled:
-            self._add_cpuset(d)
-
-    def write(self, file: Path, value: str) -> None:
-        if file.name == "cgroup.subtree_control":
-            self._subtree_control(file.parent, value)
-            return
-        if file.name in ("cpuset.cpus", "cpuset.mems"):
-            try:
-                ids = CPUSet.parse_list(value)
-            except ValueError as err:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(file)) from err
-            if not ids and file.name == "cpuset.cpus" and _has_tasks(file.parent):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-        _write_file(file, value)
-        if file.name in ("cpuset.cpus", "cpuset.mems"):
-            self._refresh(file.parent)
-
-    def _subtree_control(self, d: Path, value: str) -> None:
-        available = (d / "cgroup.controllers").read_text().split()
-        enabled = set((d / "cgroup.subtree_control").read_text().split())
-        for token in value.split():
-            if token[:1] not in ("+", "-") or token[1:] not in available:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(d))
-            if token[0] == "+":
-                enabled.add(token[1:])
-            else:
-                enabled.discard(token[1:])
-        listed = " ".join(name for name in available if name in enabled)
-        _write_file(d / "cgroup.subtree_control", listed)
-        for child in _children(d):
-            _kernel_files(child, {"cgroup.controllers": listed})
-            if "cpuset" in enabled and not (child / "cpuset.cpus").exists():
-                self._add_cpuset(child)
-
-    def _add_cpuset(self, d: Path) -> None:
-        _kernel_files(d, {"cpuset.cpus": "", "cpuset.mems": ""})
-        self._refresh(d)
-
-    def _refresh(self, d: Path) -> None:
-        """Effective = configured ∩ parent's effective, or the parent's if that is empty."""
-        _refresh_effective(CPUSet, d, "cpus")
-        _refresh_effective(NodeSet, d, "mems")
-        for child in _children(d):
-            if (child / "cpuset.cpus").exists():
-                self._refresh(child)
-
-
-def _refresh_effective(kind: type[_S], d: Path, name: str) -> None:
-    inherited = _ids(kind, d.parent / f"cpuset.{name}.effective")
-    own = _ids(kind, d / f"cpuset.{name}") & inherited
-    _kernel_files(d, {f"cpuset.{name}.effective": (own or inherited).format_list()})
-
-
-class _KernelV1:
-    """What the legacy cpuset hierarchy does on its own, emulated on scratch trees."""
-
-    def populate(self, d: Path) -> None:
-        files = dict(_V1_FILES)
-        if (d.parent / "cpuset.effective_cpus").exists():
-            files |= {"cpuset.effective_cpus": "", "cpuset.effective_mems": ""}
-        _kernel_files(d, files)
-
-    def check(self, file: Path, ids: _S) -> None:
-        """v1's rules: a cpuset stays within its parent's, and is not emptied under tasks."""
-        if not ids.issubset(_ids(type(ids), file.parent.parent / file.name)):
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(file))
-        if not ids and _has_tasks(file.parent):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
-
-    def refresh(self, d: Path) -> None:
-        # Without cgroup.sane_behavior a v1 cpuset's effective sets are its own.
-        for name in ("cpus", "mems"):
-            if (d / f"cpuset.effective_{name}").exists():
-                text = (d / f"cpuset.{name}").read_text().strip()
-                _kernel_files(d, {f"cpuset.effective_{name}": text})
-
-
-def _has_tasks(d: Path) -> bool:
-    return bool(_parse_pids((d / "cgroup.procs").read_text()))
-
-
-def _children(d: Path) -> list[Path]:
-    return sorted(child for child in d.iterdir() if child.is_dir() and not child.is_symlink())

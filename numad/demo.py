@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from numad.api.client import APIError, request
-from numad.cgroup import scratch_mkdir
 from numad.errors import NumadError
+from numad.scratch import scratch_mkdir
 from numad.topology.record import load_fixture
 
 MACHINE = "32intel64-2p8co2t+8ve"

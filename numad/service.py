@@ -22,12 +22,13 @@ import structlog
 
 from numad import notify
 from numad.api.server import Server, outcome_json
-from numad.cgroup import detect_backend, make_scratch_v2
+from numad.cgroup import detect_backend
 from numad.config import Config, load
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import NumadError
 from numad.hostfs import HostFS
+from numad.scratch import make_scratch_v2
 from numad.topology.discover import discover
 from numad.watch import debounce, udev_events
 

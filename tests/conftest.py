@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import structlog
 
-from numad.cgroup import scratch_mkdir
 from numad.config import parse
 from numad.daemon import Daemon
+from numad.scratch import scratch_mkdir
 from numad.service import build
 from numad.topology.record import load_fixture
 

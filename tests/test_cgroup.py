@@ -24,11 +24,10 @@ from numad.cgroup import (
     CgroupV1Backend,
     CgroupV2Backend,
     detect_backend,
-    make_scratch_v1,
-    make_scratch_v2,
 )
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
+from numad.scratch import make_scratch_v1, make_scratch_v2
 
 ALL_CPUS = CPUSet(range(8))
 ALL_MEMS = NodeSet([0, 1])

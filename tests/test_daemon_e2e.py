@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from numad.api.client import APIError, request
-from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet
 from numad.demo import CONFIG, MACHINE
+from numad.scratch import scratch_mkdir
 from tests.conftest import Machines
 
 # The demo's machine and config: 2 nodes x 8 cores x 2 threads, 8 vector engines on

@@ -34,10 +34,10 @@ import yaml
 from numad import state
 from numad.api.client import APIError, request
 from numad.api.server import MAX_BODY
-from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet
 from numad.demo import CONFIG, MACHINE
 from numad.errors import NumadError
+from numad.scratch import scratch_mkdir
 from tests.conftest import Machines
 from tests.test_daemon_e2e import ONLINE, RESERVED, Numad, _check_invariants, _spec
 

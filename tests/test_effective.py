@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from numad.cgroup import scratch_mkdir
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
+from numad.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
 MACHINE = "32intel64-2p8co2t+8ve"

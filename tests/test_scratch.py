@@ -1,0 +1,86 @@
+"""Scratch cgroup trees: the emulated kernel writes only regular files inside the tree."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from numad.cgroup import CgroupV1Backend, CgroupV2Backend
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import CgroupError
+from numad.scratch import make_scratch_v1, make_scratch_v2, scratch_mkdir
+
+ALL_CPUS = CPUSet(range(8))
+ALL_MEMS = NodeSet([0, 1])
+
+
+def _backend(kind: str, tmp_path: Path) -> tuple[CgroupV2Backend | CgroupV1Backend, Path, str]:
+    """A backend emulating ``kind``'s kernel over numad.slice/db, that cgroup's
+    directory, and the name of its effective-CPUs file (which only the kernel writes)."""
+    if kind == "v2":
+        root = tmp_path / "cgroup"
+        make_scratch_v2(root, ALL_CPUS, ALL_MEMS)
+        v2 = CgroupV2Backend(root, ["numad.slice"], emulate_kernel=True)
+        v2.ensure("numad.slice/db")
+        return v2, root / "numad.slice/db", "cpuset.cpus.effective"
+    make_scratch_v1(tmp_path, ALL_CPUS, ALL_MEMS)
+    v1 = CgroupV1Backend(tmp_path / "cpuset", ["numad.slice"], emulate_kernel=True)
+    v1.ensure("numad.slice/db")
+    return v1, tmp_path / "cpuset/numad.slice/db", "cpuset.effective_cpus"
+
+
+@pytest.mark.parametrize("kind", ["v2", "v1"])
+def test_emulation_writes_no_file_through_a_link(tmp_path: Path, kind: str) -> None:
+    backend, db, effective = _backend(kind, tmp_path / "tree")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not numad's\n")
+    (db / effective).unlink()
+    (db / effective).symlink_to(outside)
+    with pytest.raises(CgroupError, match="not a regular file") as caught:
+        backend.write("numad.slice/db", CPUSet([0, 1]), None)
+    assert caught.value.subject == str(db / effective)
+    assert outside.read_text() == "not numad's\n"
+    assert (db / effective).is_symlink()
+
+
+def test_emulation_writes_no_fifo(tmp_path: Path) -> None:
+    """A FIFO where the kernel's file should be fails at once (no reader: no block)."""
+    backend, db, effective = _backend("v2", tmp_path)
+    (db / effective).unlink()
+    os.mkfifo(db / effective)
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            backend.write("numad.slice/db", CPUSet([0, 1]), None)
+            outcome.append(None)
+        except CgroupError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=write, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "the emulated kernel blocked on a FIFO"
+    assert isinstance(outcome[0], CgroupError)
+    assert "not a regular file" in str(outcome[0])
+
+
+def test_scratch_mkdir_writes_no_file_through_a_link(tmp_path: Path) -> None:
+    """Enabling cpuset lists it in every child's cgroup.controllers: not through a link."""
+    root = tmp_path / "cgroup"
+    make_scratch_v2(root, ALL_CPUS, ALL_MEMS)
+    (root / "numad.slice").mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not numad's\n")
+    (root / "numad.slice/cgroup.controllers").symlink_to(outside)
+    with pytest.raises(CgroupError, match="not a regular file"):
+        scratch_mkdir(root, "numad.slice/db")
+    assert outside.read_text() == "not numad's\n"
+
+
+def test_scratch_mkdir_refuses_a_tree_without_the_marker(tmp_path: Path) -> None:
+    with pytest.raises(CgroupError, match="not a scratch cgroup tree"):
+        scratch_mkdir(tmp_path, "numad.slice/db")
