@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,7 @@ class HostFS:
         parent, name = posixpath.split(path)
         try:
             real = self._prefix + posixpath.join(self.resolve(parent), name)
-            data = _read(real)
+            data = _read(real, path)
         except HostFileError as err:  # a loop in the parent: name the file asked for
             raise HostFileError(path, err.problem, err.hint) from err
         except OSError as err:
@@ -140,7 +141,7 @@ class HostFS:
     def _read_through_link(self, path: str) -> bytes | None:
         resolved = self.resolve(path)
         try:
-            data = _read(self._prefix + resolved)
+            data = _read(self._prefix + resolved, path)
         except OSError as err:
             if err.errno in _MISSING:
                 return None
@@ -189,11 +190,35 @@ def _check_host_path(path: str) -> None:
         raise HostFileError(path, "not an absolute host path")
 
 
-def _read(real: str) -> bytes:
-    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _read(real: str, path: str) -> bytes:
+    """The bytes of the regular file ``real`` (host ``path``, named in errors).
+
+    Opened with O_NONBLOCK: a FIFO in a tree (``node/online`` made with mkfifo)
+    would block the open until a writer came; sysfs and procfs attributes ignore
+    the flag. The open file must be a regular file, as every sysfs and procfs
+    attribute is: a FIFO, socket or device is refused before any read.
+    """
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     chunks: list[bytes] = []
     size = 0
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise HostFileError(
+                path,
+                f"cannot read: {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a file')},"
+                " not a regular file",
+                "host files numad reads are sysfs and procfs attributes; remove it from the tree",
+            )
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
             size += len(chunk)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 
 from numad.errors import HostFileError
 from numad.hostfs import HostFS, Recording
+from numad.topology.discover import discover
+from tests.conftest import DAEMON_MACHINE, Machines
 
 MiB = 1 << 20  # HostFS refuses files larger than this
 
@@ -303,6 +307,51 @@ def test_unreadable_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(HostFileError, match="cannot read") as caught:
         HostFS(tmp_path).read_optional("/secret")
     assert caught.value.subject == "/secret"
+
+
+def _finishes(work: Callable[[], object], seconds: float = 5) -> BaseException | None:
+    """What ``work`` raised (None if it returned), failing the test if it is still
+    running after ``seconds``: a regression that blocks fails instead of hanging."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            work()
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the test to judge
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still blocked after {seconds} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("path", ["/attr", "/attr-link"])
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, path: str) -> None:
+    build(tmp_path, {"attr-link": Link("attr")})
+    os.mkfifo(tmp_path / "attr")
+    fs = HostFS(tmp_path, record=True)
+    err = _finishes(lambda: fs.read_optional(path))
+    assert isinstance(err, HostFileError)
+    assert err.subject == path
+    assert "cannot read: a FIFO, not a regular file" in str(err)
+    assert fs.recording is not None
+    assert fs.recording.files == {}
+
+
+def test_discovery_stops_at_a_fifo_naming_it(machines: Machines, tmp_path: Path) -> None:
+    root = tmp_path / "machine"
+    shutil.copytree(machines.root(DAEMON_MACHINE), root, symlinks=True)
+    online = root / "sys/devices/system/node/online"
+    assert online.is_file()  # discovery reads it: the recording has it
+    online.unlink()
+    os.mkfifo(online)
+    err = _finishes(lambda: discover(HostFS(root)))
+    assert isinstance(err, HostFileError)
+    assert err.subject == "/sys/devices/system/node/online"
+    assert "a FIFO, not a regular file" in str(err)
 
 
 @pytest.mark.parametrize(
