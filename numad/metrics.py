@@ -8,16 +8,31 @@ Labels are low-cardinality only: no workload names.
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import sys
 from collections.abc import Iterable
 from threading import Thread
-from wsgiref.simple_server import WSGIServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import structlog
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from numad import __version__
+from numad.listener import BoundedHandler, BoundedServer, Limits
 
 # Sub-millisecond admissions need buckets below 1 ms: 50 us doubling to ~1.6 s.
 ADMISSION_BUCKETS = tuple(0.00005 * 2**i for i in range(16))
+# A scraper or two: 4 workers, 8 connections queued for them.
+METRICS_LIMITS = Limits(workers=4, queue=8)
+LOOPS = ("reconcile", "hotplug", "watchdog")
 
 
 class Metrics:
@@ -117,13 +132,104 @@ class Metrics:
             buckets=ADMISSION_BUCKETS,
             registry=r,
         )
+        self._add_supervision(r)
 
-    def serve(self, address: str, port: int) -> tuple[WSGIServer, Thread]:
-        """The metrics endpoint on a TCP listener (loopback unless configured otherwise)."""
-        return start_http_server(port, addr=address, registry=self.registry)
+    def _add_supervision(self, r: CollectorRegistry) -> None:
+        """What the daemon's loops and listeners count about themselves."""
+        self.loop_errors = Counter(
+            "numad_loop_errors",
+            "Exceptions caught in a background loop, which went on.",
+            ["loop"],
+            registry=r,
+        )
+        for loop in LOOPS:
+            self.loop_errors.labels(loop)
+        self.unplaced = Gauge(
+            "numad_unplaced_workloads",
+            "Workloads admitted but not placed (their cgroups follow the shared pool),"
+            " e.g. after a CPU went offline while numad was stopped.",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "numad_connections_refused",
+            "Connections closed at once because every worker was busy and the queue was"
+            " full, or because a new connection needed the place of the longest idle one.",
+            ["listener"],
+            registry=r,
+        )
+        for listener in ("api", "metrics"):
+            self.connections_refused.labels(listener)
+
+    def serve(
+        self, address: str, port: int, limits: Limits = METRICS_LIMITS
+    ) -> tuple[MetricsServer, Thread]:
+        """The metrics endpoint on a TCP listener (loopback unless configured otherwise),
+        served by a thread until ``shutdown()``."""
+        server = MetricsServer((address, port), self, limits)
+        thread = Thread(target=server.serve_forever, name="MetricsServer-accept", daemon=True)
+        thread.start()
+        return server, thread
 
     def set_nodes(self, cpus: Iterable[tuple[int, int, int]]) -> None:
         """(node, allocatable CPUs, exclusively allocated CPUs) per NUMA node."""
         for node, allocatable, allocated in cpus:
             self.node_cpus_allocatable.labels(str(node)).set(allocatable)
             self.node_cpus_allocated.labels(str(node)).set(allocated)
+
+
+class _MetricsHandler(BoundedHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        if self.headers.get("Content-Length") or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # a body is not read: it must not pass for a request
+        if self.path.split("?")[0] not in ("/", "/metrics"):
+            self._answer(404, b"metrics: no such path; scrape /metrics\n", "text/plain")
+            return
+        try:
+            data = generate_latest(self.server.metrics.registry)
+        except Exception as err:  # noqa: BLE001 - one failed scrape is answered, not fatal
+            self._answer(500, f"metrics: {type(err).__name__}: {err}\n".encode(), "text/plain")
+            return
+        self._answer(200, data, CONTENT_TYPE_LATEST)
+
+    do_HEAD = do_GET  # noqa: N815 - the stdlib's name; _answer sends no body for a HEAD
+
+    def _answer(self, status: int, data: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+
+class MetricsServer(BoundedServer, socketserver.TCPServer):
+    """The metrics listener; ``shutdown()`` stops and closes it."""
+
+    allow_reuse_address = True
+    request_queue_size = 128  # the kernel's accept queue: socketserver's 5 makes connects wait
+
+    def __init__(self, address: tuple[str, int], metrics: Metrics, limits: Limits) -> None:
+        self.metrics = metrics
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _MetricsHandler)
+        self.start_pool(limits, metrics.connections_refused.labels("metrics").inc)
+
+    @property
+    def server_port(self) -> int:
+        port = self.server_address[1]
+        assert isinstance(port, int)
+        return port
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper gone mid-answer is nothing; anything else is one event, never a
+        traceback on stderr."""
+        err = sys.exc_info()[1]
+        if not isinstance(err, (ConnectionError, TimeoutError)):
+            structlog.get_logger("numad").error("metrics_request_failed", problem=repr(err))

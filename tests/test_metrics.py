@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numad.api.client import APIError
@@ -71,3 +73,33 @@ def test_buckets_resolve_sub_millisecond_admissions() -> None:
         )
         == 0
     )
+
+
+def test_supervision_and_listener_counters_start_at_zero() -> None:
+    """Pre-created, so that a rate() over them is 0 rather than no data."""
+    m = Metrics()
+    for loop in ("reconcile", "hotplug", "watchdog"):
+        assert m.registry.get_sample_value("numad_loop_errors_total", {"loop": loop}) == 0
+    for listener in ("api", "metrics"):
+        assert (
+            m.registry.get_sample_value("numad_connections_refused_total", {"listener": listener})
+            == 0
+        )
+    assert m.registry.get_sample_value("numad_unplaced_workloads") == 0
+
+
+def test_the_endpoint_answers_in_the_exposition_format() -> None:
+    m = Metrics()
+    server, accept = m.serve("127.0.0.1", 0)
+    try:
+        port = server.server_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            assert answer.headers["Content-Type"] == CONTENT_TYPE_LATEST
+            assert answer.read() == generate_latest(m.registry)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/nosuch", timeout=10)
+        assert caught.value.code == 404
+    finally:
+        server.shutdown()
+        accept.join(5)
+    assert not accept.is_alive()

@@ -12,6 +12,9 @@ Edge module. Routes (status codes of DESIGN section 4):
     POST   /v1/plan                      what admission would do, changing nothing: 200 | 422
 
 Errors are ``{"error": {"code", "message"}}``; a rejection adds ``explanation``.
+A request numad cannot carry out is a 4xx; numad's own fault a 500 (``checkpoint``
+when the change could not be recorded, else ``internal``), logged as one event.
+Served within ``API_LIMITS`` by ``numad.listener``: idle clients hold no thread.
 """
 
 from __future__ import annotations
@@ -23,15 +26,58 @@ import socketserver
 import struct
 import sys
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, Protocol
 
 from numad.admission import Outcome
-from numad.daemon import Daemon
-from numad.errors import NumadError, WorkloadError
+from numad.errors import CheckpointError, NumadError, WorkloadError
+from numad.listener import BoundedHandler, BoundedServer, Limits
+from numad.metrics import Metrics
+from numad.spec import WorkloadSpec
+from numad.topology.model import Topology
 from numad.topology.render import to_json
 
-MAX_BODY = 1 << 20
+MAX_BODY = 1 << 20  # bytes; a spec is a few hundred
+# 8 workers (admissions serialize on the daemon's lock anyway), 16 connections
+# queued for them; idle and keep-alive connections wait in the watcher, not a worker.
+API_LIMITS = Limits(workers=8, queue=16)
 _FORMATS = {"application/json": "json", "application/toml": "toml", "application/yaml": "yaml"}
+
+Answer = tuple[int, dict[str, Any]]
+
+
+class _Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+
+
+class Backend(Protocol):
+    """What the API needs of the daemon: ``numad.daemon.Daemon``, or a test's stub."""
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def problems(self) -> list[str]: ...
+    @property
+    def cgroups(self) -> object: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def metrics_address(self) -> str: ...
+    @property
+    def log(self) -> _Log: ...
+    @property
+    def topology(self) -> Topology: ...
+    def list_all(self) -> list[dict[str, Any]]: ...
+    def parse(self, text: str, fmt: str) -> WorkloadSpec: ...
+    def plan(self, spec: WorkloadSpec) -> Outcome: ...
+    def admit(self, spec: WorkloadSpec) -> Outcome: ...
+    def show(self, name: str) -> dict[str, Any]: ...
+    def explain(self, name: str) -> dict[str, Any]: ...
+    def release(self, name: str) -> None: ...
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> Answer:
+    return status, {"error": {"code": code, "message": message, **extra}}
 
 
 def outcome_json(outcome: Outcome) -> dict[str, Any]:
@@ -53,13 +99,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: Server
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # a client that sends half a request does not hold a thread forever
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        return  # requests are logged as structured events instead
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         data = (json.dumps(body) + "\n").encode()
@@ -67,10 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, code: str, message: str, **extra: Any) -> None:
-        self._send(status, {"error": {"code": code, "message": message, **extra}})
+        if self.command != "HEAD":  # a HEAD answer is the status and headers only
+            self.wfile.write(data)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Errors the standard library's parser answers itself, as JSON and never 5xx."""
@@ -79,145 +118,157 @@ class _Handler(BaseHTTPRequestHandler):
         status = {501: 405, 505: 400}.get(code, code)
         if status >= 500:
             status = 400
-        self._error(status, "bad_request", f"request: {message or 'malformed'}")
+        self._send(*_error(status, "bad_request", f"request: {message or 'malformed'}"))
 
-    def _read_body(self) -> bytes | None:
+    def _read_body(self) -> bytes | Answer:
         """The whole body, read before any answer so nothing is left on the connection
-        to be taken for the next request; None (after an error answer) if unusable."""
+        to be taken for the next request; or the error answer if it is unusable (the
+        connection then closes, its unread rest with it)."""
+        lengths = self.headers.get_all("Content-Length") or []
         if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            self._error(411, "length_required", "request: send a Content-Length, not chunks")
-            return None
-        length = self.headers.get("Content-Length")
-        if length is None:
+            refusal = _error(411, "length_required", "request: send a Content-Length, not chunks")
+        elif len(lengths) > 1:
+            refusal = _error(400, "bad_request", "request: more than one Content-Length")
+        elif not lengths:
             return b""
-        length = length.strip()
-        if not (length.isascii() and length.isdigit()):
-            self.close_connection = True
-            self._error(400, "bad_request", f"request: bad Content-Length {length[:20]!r}")
-            return None
-        if int(length) > MAX_BODY:
-            self.close_connection = True
-            self._error(413, "too_large", f"request: body over {MAX_BODY} bytes")
-            return None
-        return self.rfile.read(int(length))
+        elif not (lengths[0].strip().isascii() and lengths[0].strip().isdigit()):
+            refusal = _error(400, "bad_request", f"request: bad Content-Length {lengths[0][:20]!r}")
+        elif int(lengths[0]) > MAX_BODY:
+            refusal = _error(413, "too_large", f"request: body over {MAX_BODY} bytes")
+        else:
+            return self.rfile.read(int(lengths[0]))
+        self.close_connection = True
+        return refusal
 
-    def _spec_text(self, raw: bytes) -> tuple[str, str] | None:
-        if self.headers.get("Content-Length") is None:
-            self._error(411, "length_required", "request: a Content-Length is required")
-            return None
-        kind = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
-        if kind not in _FORMATS:
-            self._error(
-                415, "unsupported_media_type", f"request: unsupported Content-Type {kind!r}"
-            )
-            return None
-        return raw.decode("utf-8", errors="replace"), _FORMATS[kind]
-
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         self._dispatch("GET")
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         self._dispatch("POST")
 
-    def do_DELETE(self) -> None:
+    def do_DELETE(self) -> None:  # noqa: N802 - the stdlib's name
         self._dispatch("DELETE")
 
     def _not_allowed(self) -> None:
         body = self._read_body()
-        if body is not None:
-            self._error(405, "method_not_allowed", f"request: {self.command} is not allowed")
+        if isinstance(body, tuple):
+            self._send(*body)
+        else:
+            self._send(
+                *_error(405, "method_not_allowed", f"request: {self.command} is not allowed")
+            )
 
     do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815 - the stdlib's names
 
     def _dispatch(self, method: str) -> None:
         daemon = self.server.daemon
-        parts = [p for p in self.path.split("?")[0].split("/") if p]
         daemon.log.info(
             "api_request_received", method=method, path=self.path[:200], peer=self.server.peer(self)
         )
         raw = self._read_body()
-        if raw is None:
-            return
+        self._send(*(raw if isinstance(raw, tuple) else self._answer(method, raw)))
+
+    def _answer(self, method: str, raw: bytes) -> Answer:
+        """The answer to a request whose body was read; nothing is sent from here, so a
+        client gone mid-answer is never taken for a fault of the route."""
+        daemon = self.server.daemon
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
         try:
             if parts == ["v1", "health"] and method == "GET":
-                status = 200 if daemon.ready else 503
-                root = str(getattr(daemon.cgroups, "root", ""))
-                self._send(
-                    status,
-                    {
-                        "ready": daemon.ready,
-                        "problems": daemon.problems,
-                        "cgroup_root": root,
-                        "metrics": daemon.metrics_address,
-                    },
-                )
-                return
+                return 200 if daemon.ready else 503, {
+                    "ready": daemon.ready,
+                    "problems": daemon.problems,
+                    "cgroup_root": str(getattr(daemon.cgroups, "root", "")),
+                    "metrics": daemon.metrics_address,
+                }
             if not daemon.ready:
-                self._error(503, "not_ready", "numad: not ready yet")
-                return
-            self._route(method, parts, raw)
-        except WorkloadError as err:
+                return _error(503, "not_ready", "numad: not ready yet")
+            return self._route(method, parts, raw)
+        except Exception as err:  # noqa: BLE001 - one request's fault is answered, not fatal
+            return self._fault(method, err)
+
+    def _fault(self, method: str, err: Exception) -> Answer:
+        """A 4xx for a request numad cannot carry out, a 5xx (logged) for numad's own."""
+        if isinstance(err, WorkloadError):
             exists = "already" in err.problem
-            self._error(409 if exists else 404, "conflict" if exists else "not_found", str(err))
-        except NumadError as err:
-            self._error(422, "invalid", str(err))
+            return _error(409 if exists else 404, "conflict" if exists else "not_found", str(err))
+        if isinstance(err, NumadError) and not isinstance(err, CheckpointError):
+            return _error(422, "invalid", str(err))
+        first = str(err).splitlines()[0][:500] if str(err) else ""
+        self.server.daemon.log.error(
+            "api_request_failed",
+            method=method,
+            path=self.path[:200],
+            error=type(err).__name__,
+            problem=first,
+        )
+        if isinstance(err, CheckpointError):  # the change could not be recorded: numad's fault
+            return _error(500, "checkpoint", str(err))
+        return _error(500, "internal", f"numad: {type(err).__name__}; see the daemon log")
 
-    def _route(self, method: str, parts: list[str], raw: bytes) -> None:
+    def _route(self, method: str, parts: list[str], raw: bytes) -> Answer:
         daemon = self.server.daemon
+        if parts[:2] == ["v1", "workloads"] and len(parts) in (3, 4):
+            return self._workload(method, parts[2], parts[3:])
         if parts == ["v1", "topology"] and method == "GET":
-            self._send(200, to_json(daemon.topology))
-        elif parts == ["v1", "workloads"] and method == "GET":
-            self._send(200, {"workloads": daemon.list_all()})
-        elif parts in (["v1", "workloads"], ["v1", "plan"]) and method == "POST":
-            body = self._spec_text(raw)
-            if body is None:
-                return
-            spec = daemon.parse(*body)
-            if parts[1] == "plan":
-                self._send(200, outcome_json(daemon.plan(spec)))
-                return
-            outcome = daemon.admit(spec)
-            if outcome.admitted:
-                self._send(201, {**outcome_json(outcome), "workload": daemon.show(spec.name)})
-            else:
-                why = outcome_json(outcome)
-                self._error(
-                    409,
-                    "topology_affinity"
-                    if outcome.reason and "Topology" in outcome.reason
-                    else "allocation",
-                    f"{spec.name}: rejected: {why['explanation'] or why['detail']}",
-                    **why,
-                )
-        elif len(parts) == 3 and parts[:2] == ["v1", "workloads"] and method == "GET":
-            self._send(200, daemon.show(parts[2]))
-        elif (
-            len(parts) == 4
-            and parts[:2] == ["v1", "workloads"]
-            and parts[3] == "explain"
-            and method == "GET"
-        ):
-            self._send(200, {"name": parts[2], **daemon.explain(parts[2])})
-        elif len(parts) == 3 and parts[:2] == ["v1", "workloads"] and method == "DELETE":
-            daemon.release(parts[2])
-            self._send(200, {"released": parts[2]})
-        else:
-            self._error(404, "not_found", f"request: no route {method} {self.path[:100]}")
+            return 200, to_json(daemon.topology)
+        if parts == ["v1", "workloads"] and method == "GET":
+            return 200, {"workloads": daemon.list_all()}
+        if parts in (["v1", "workloads"], ["v1", "plan"]) and method == "POST":
+            return self._post_spec(parts[1], raw)
+        return self._no_route(method)
+
+    def _workload(self, method: str, name: str, rest: list[str]) -> Answer:
+        daemon = self.server.daemon
+        if not rest and method == "GET":
+            return 200, daemon.show(name)
+        if rest == ["explain"] and method == "GET":
+            return 200, {"name": name, **daemon.explain(name)}
+        if not rest and method == "DELETE":
+            daemon.release(name)
+            return 200, {"released": name}
+        return self._no_route(method)
+
+    def _no_route(self, method: str) -> Answer:
+        return _error(404, "not_found", f"request: no route {method} {self.path[:100]}")
+
+    def _post_spec(self, route: str, raw: bytes) -> Answer:
+        daemon = self.server.daemon
+        kind = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        if self.headers.get("Content-Length") is None:
+            return _error(411, "length_required", "request: a Content-Length is required")
+        if kind not in _FORMATS:
+            return _error(
+                415, "unsupported_media_type", f"request: unsupported Content-Type {kind!r}"
+            )
+        spec = daemon.parse(raw.decode("utf-8", errors="replace"), _FORMATS[kind])
+        if route == "plan":
+            return 200, outcome_json(daemon.plan(spec))
+        outcome = daemon.admit(spec)
+        if outcome.admitted:
+            return 201, {**outcome_json(outcome), "workload": daemon.show(spec.name)}
+        why = outcome_json(outcome)
+        affinity = outcome.reason is not None and "Topology" in outcome.reason
+        return _error(
+            409,
+            "topology_affinity" if affinity else "allocation",
+            f"{spec.name}: rejected: {why['explanation'] or why['detail']}",
+            **why,
+        )
 
 
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class Server(BoundedServer, socketserver.UnixStreamServer):
     allow_reuse_address = True
-    request_queue_size = 128  # many clients at once must queue, not be refused
+    request_queue_size = 128  # many clients at once must queue in the kernel, not be refused
 
-    def __init__(self, path: str, daemon: Daemon) -> None:
+    def __init__(self, path: str, daemon: Backend, limits: Limits = API_LIMITS) -> None:
         self.daemon = daemon
         if os.path.exists(path):
             os.unlink(path)  # a stale socket from a previous run
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         super().__init__(path, _Handler)
         os.chmod(path, 0o660)
+        self.start_pool(limits, daemon.metrics.connections_refused.labels("api").inc)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer is not an error of numad's; anything
