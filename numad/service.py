@@ -13,7 +13,7 @@ import argparse
 import signal
 import tempfile
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,12 @@ from numad.cgroup import detect_backend
 from numad.config import Config, load
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
-from numad.errors import NumadError
 from numad.hostfs import HostFS
+from numad.instance import acquire
+from numad.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
 from numad.scratch import make_scratch_v2
 from numad.topology.discover import discover
-from numad.watch import debounce, udev_events
+from numad.watch import udev_events
 
 
 def build(config: Config, root: str | None) -> Daemon:
@@ -62,7 +63,9 @@ def serve(args: argparse.Namespace) -> int:
     """``numad serve``: run until SIGTERM."""
     config = load(args.config)
     daemon = build(config, args.root)
+    lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
     daemon.start()  # ends with the first reconcile pass
+    supervisor = daemon.supervisor
     metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
     daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
     daemon.log.info("metrics_listening", address=daemon.metrics_address)
@@ -83,17 +86,23 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     signal.signal(signal.SIGHUP, reload)
-    threading.Thread(target=_reconcile_loop, args=(daemon, stop), daemon=True).start()
+    watchdog = notify.watchdog_interval()
+    period, stale_after = periods(daemon.config.reconcile_seconds, watchdog)
+    loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+        (reconcile_loop, (supervisor, daemon.reconcile, stop, period))
+    ]
     if args.root is None:  # a recorded machine has no kernel to send uevents
-        threading.Thread(target=_hotplug_loop, args=(daemon, stop), daemon=True).start()
-    interval = notify.watchdog_interval()
-    if interval:
-        threading.Thread(target=_watchdog_loop, args=(stop, interval), daemon=True).start()
+        loops.append((hotplug_loop, (supervisor, udev_events, daemon.rediscover, stop)))
+    if watchdog:
+        loops.append((watchdog_loop, (supervisor, stop, watchdog, stale_after)))
+    for target, loop_args in loops:
+        threading.Thread(target=target, args=loop_args, daemon=True).start()
     daemon.log.info("api_listening", socket=server.server_address)
     notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
     server.serve_forever(poll_interval=0.5)
     server.server_close()
     metrics_server.shutdown()
+    lock.release()
     daemon.log.info("daemon_stopped")
     return 0
 
@@ -101,24 +110,6 @@ def serve(args: argparse.Namespace) -> int:
 def _reload(daemon: Daemon) -> None:
     daemon.reload_workloads()
     notify.ready(f"{len(daemon.specs)} workloads; reloaded")
-
-
-def _reconcile_loop(daemon: Daemon, stop: threading.Event) -> None:
-    while not stop.wait(daemon.config.reconcile_seconds):
-        daemon.reconcile()
-        notify.status(f"{len(daemon.specs)} workloads; last reconcile {time.strftime('%H:%M:%S')}")
-
-
-def _hotplug_loop(daemon: Daemon, stop: threading.Event) -> None:
-    try:
-        debounce(udev_events(), lambda _burst: daemon.rediscover(), stop=stop)
-    except (OSError, ImportError, NumadError) as err:  # no netlink access: run without hotplug
-        daemon.log.warning("hotplug_unavailable", problem=str(err))
-
-
-def _watchdog_loop(stop: threading.Event, interval: float) -> None:
-    while not stop.wait(interval):
-        notify.watchdog()
 
 
 class _NoCgroups:

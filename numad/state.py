@@ -75,6 +75,10 @@ class Checkpoint:
     # The config setting the reserved CPUs were chosen from ("cpus=0,16",
     # "count=2"): a restart keeps them unless the config changed it.
     reserved_from: str = ""
+    # cgroup -> the exclusive CPUs its cpuset file may hold (a CPU list): the
+    # last exclusive set written there. Until the cgroup is rewritten or gone,
+    # no other cgroup is given those CPUs (invariant 4), also after a restart.
+    grants: Mapping[str, str] = field(default_factory=dict)
 
 
 def record_of(books: Books, name: str, spec: Mapping[str, Any], unplaced: str = "") -> Record:
@@ -130,6 +134,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
         "reserved": checkpoint.reserved,
         "reserved_from": checkpoint.reserved_from,
         "orphans": sorted(checkpoint.orphans),
+        "grants": dict(sorted(checkpoint.grants.items())),
         "workloads": workloads,
     }
     return (
@@ -272,6 +277,7 @@ def _checkpoint(value: object) -> Checkpoint:
         MappingProxyType(_map(body, "workloads", "body", _record)),
         tuple(_strings(body.get("orphans", []), "body/orphans")),
         _is(body.get("reserved_from", ""), str, "body/reserved_from"),
+        MappingProxyType(_map({"grants": {}, **body}, "grants", "body", _cpu_list)),
     )
 
 

@@ -270,11 +270,14 @@ def test_killed_during_a_release(numad: Numad, point: str) -> None:
 
 
 def test_a_removed_cgroup_releases_its_workload(numad: Numad) -> None:
+    numad.stop()  # again, releasing at once (no grace period) and reconciling often
+    numad.config.write_text(CONFIG + "[daemon]\nrelease-grace-seconds = 0\nreconcile-seconds = 1\n")
+    numad.start()
     numad.call("POST", "/v1/workloads", _spec("db", 4))
     numad.call("POST", "/v1/workloads", _spec("later", 2))  # its cgroup does not exist yet
     (numad.cgroups / "numad.slice" / "db").rename(numad.cgroups / "gone-db")
     scratch_mkdir(numad.cgroups, "numad.slice/later")
-    deadline = time.monotonic() + 30  # the reconcile pass runs every 10 s
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         names = [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]]
         if (
@@ -332,3 +335,30 @@ def test_declared_workloads_are_admitted_at_start(numad: Numad) -> None:
     problems = numad.call("GET", "/v1/health")["problems"]
     assert any("broken" in p for p in problems)
     _check_invariants(numad)
+
+
+def test_a_second_numad_on_the_same_state_exits_naming_the_first(numad: Numad) -> None:
+    assert numad.proc is not None
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numad",
+            "serve",
+            "--config",
+            str(numad.config),
+            "--root",
+            str(numad.root),
+            "--socket",
+            str(numad.root / "second.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode != 0
+    assert f"another numad (pid {numad.proc.pid}) is running" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert not (numad.root / "second.sock").exists()  # it stopped before the socket
+    numad.call("GET", "/v1/health")  # the first one still answers on its socket

@@ -1,0 +1,306 @@
+"""Enforcement: the one place that writes cpusets, and the order of those writes.
+
+Daemon side; touches the host only through the cgroup backend it is given.
+Every write goes through ``Enforcer.write``, which reads the effective cpuset
+back, remembers what it wrote (for drift repair) and turns any failure into a
+problem that stays in ``/v1/health`` until a later write succeeds.
+
+``Enforcer.apply`` holds DESIGN invariant 4. The cgroups that follow the shared
+pool (released cgroups first, then shared containers and unplaced workloads)
+are written before any exclusive set, and an exclusive set is granted only
+where no shared cgroup that failed to shrink may still run on its CPUs: a CPU
+is never in an exclusive set and another cgroup at once, whatever fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from numad.admission import Books, placements
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import NumadError
+from numad.health import Problems
+from numad.metrics import Metrics
+from numad.spec import WorkloadSpec
+
+
+class Cgroups(Protocol):
+    def exists(self, path: str) -> bool: ...
+    def ensure(self, path: str) -> None: ...
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def restore_cpus(self, cpus: CPUSet) -> None: ...
+
+
+class Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+    def exception(self, event: str, **kw: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one cgroup must hold."""
+
+    path: str
+    cpus: int
+    mems: NodeSet | None
+    exclusive: bool
+    held: int = 0  # a released cgroup: the exclusive CPUs it may still run on
+
+
+def targets(
+    books: Books, specs: Mapping[str, WorkloadSpec], orphans: Iterable[str]
+) -> list[Target]:
+    """Every cgroup numad writes, in write order: released cgroups that still exist
+    (their processes must leave the CPUs numad hands out next), then each
+    workload's containers. Unplaced workloads hold nothing and follow the pool."""
+    pool = books.cpu.shared_pool
+    out: list[Target] = []
+    owned: set[str] = set()
+    for name, spec in sorted(specs.items()):
+        held = placements(books, name)
+        for c in spec.containers:
+            path = spec.container_cgroup(c)
+            owned.add(path)
+            p = held.get(c.name)
+            mems = p.mems if p is not None and p.mems else None
+            if p is not None and p.cpus:
+                out.append(Target(path, p.cpus.bits, mems, exclusive=True))
+            else:
+                out.append(Target(path, pool, mems, exclusive=False))
+    released = [Target(p, pool, None, exclusive=False) for p in sorted(set(orphans) - owned)]
+    return released + out
+
+
+def _union(masks: Iterable[int]) -> int:
+    union = 0
+    for mask in masks:
+        union |= mask
+    return union
+
+
+class Enforcer:
+    def __init__(self, cgroups: Cgroups, metrics: Metrics, log: Log, problems: Problems) -> None:
+        self.cgroups = cgroups
+        self.metrics = metrics
+        self.log = log
+        self.problems = problems
+        self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
+        self.ensured: set[str] = set()  # cgroups whose ancestors have cpuset enabled
+        self.drift: dict[str, tuple[int, int]] = {}  # cgroup -> (drifts in a row, next pass)
+        # cgroup -> the exclusive CPUs its file may hold: the last exclusive set
+        # written there (or recorded in the checkpoint), until a shared write or
+        # its removal. No other cgroup is given these CPUs meanwhile.
+        self.grants: dict[str, int] = {}
+
+    def exists(self, path: str) -> bool | None:
+        """Whether the cgroup exists; None when that cannot be told (the fault is a
+        problem under the cgroup's name, like a failed write)."""
+        try:
+            found = self.cgroups.exists(path)
+        except NumadError as err:
+            self._failed(path, err)
+            return None
+        return found
+
+    def apply(
+        self, wanted: list[Target], pool: int, step: Callable[[str], None] | None = None
+    ) -> None:
+        """Write every target so that no CPU is ever in an exclusive set and another
+        cgroup at once (see the module docstring), in three phases:
+
+        1. shared cgroups shrink to the pool less every CPU another cgroup may run
+           on as an exclusive grant (``grants``); so does a cgroup about to be
+           granted whose file holds shared CPUs that others are about to get;
+        2. exclusive sets are granted once no other cgroup may run on their CPUs;
+        3. shared cgroups grow to the pool, less what is still granted elsewhere.
+
+        ``step`` is called after phases 1 and 2 ("shared", "exclusive"): the crash
+        tests' failpoints."""
+        shared = [t for t in wanted if not t.exclusive]
+        pending = [t for t in wanted if t.exclusive and not self._holds(t)]
+        claimed = _union(t.cpus for t in pending)
+        narrow = [  # shared CPUs in their files that others are about to be granted
+            t
+            for t in pending
+            if self._held(t.path, empty=0) & ~self.grants.get(t.path, 0) & claimed & ~t.cpus
+        ]
+        blocked, failing = 0, []
+        for t in shared + narrow:
+            cpus = pool & ~self._granted_elsewhere(t.path)
+            if not (cpus and self.write(t.path, cpus, t.mems)):
+                failing.append(t.path)
+                blocked |= self._held(t.path, empty=-1)
+        if step is not None:
+            step("shared")
+        self._grant(pending, blocked, failing)
+        if step is not None:
+            step("exclusive")
+        for t in shared:
+            cpus = pool & ~self._granted_elsewhere(t.path)
+            if cpus:
+                self.write(t.path, cpus, t.mems)
+
+    def _holds(self, t: Target) -> bool:
+        return self.written.get(t.path) == (t.cpus, t.mems)
+
+    def _granted_elsewhere(self, path: str) -> int:
+        """The CPUs other cgroups may run on as an exclusive grant."""
+        return _union(cpus for p, cpus in self.grants.items() if p != path)
+
+    def _grant(self, pending: list[Target], blocked: int, failing: list[str]) -> None:
+        """Grant each exclusive set once no other cgroup may run on its CPUs: one
+        that failed to shrink (``blocked``) or one that still holds an older grant.
+        Where cgroups wait on each other, each first narrows to the part of its old
+        grant that it keeps."""
+        narrowed = False
+        while pending:
+            done = [t for t in pending if not t.cpus & (blocked | self._granted_elsewhere(t.path))]
+            for t in done:
+                self.problems.clear(f"grant:{t.path}")
+                self.write(t.path, t.cpus, t.mems, exclusive=True)
+            if not done:
+                if narrowed or not self._narrow(pending):
+                    break
+                narrowed = True
+            pending = [t for t in pending if t not in done]
+        for t in pending:
+            holders = failing + [
+                p for p, cpus in self.grants.items() if p != t.path and cpus & t.cpus
+            ]
+            self.problems.set(
+                f"grant:{t.path}",
+                f"{t.path}: exclusive cpus {CPUSet.from_bits(t.cpus).format_list()} not"
+                f" granted yet: {', '.join(holders)} may still run there; retried every pass",
+            )
+
+    def _narrow(self, pending: list[Target]) -> bool:
+        """Each waiting cgroup gives up the part of its old grant it does not keep."""
+        progress = False
+        for t in pending:
+            kept = self.grants.get(t.path, 0) & t.cpus
+            if kept and kept != self.grants.get(t.path):
+                progress |= self.write(t.path, kept, t.mems, exclusive=True)
+        return progress
+
+    def _held(self, path: str, *, empty: int) -> int:
+        """The CPUs a cgroup may still run on: its configured set; every CPU when it
+        cannot be read; ``empty`` when the file is empty (it inherits its parent's)."""
+        try:
+            cpus, _ = self.cgroups.read(path)
+        except NumadError:
+            return -1
+        return cpus.bits if cpus else empty
+
+    def write(self, path: str, cpus: int, mems: NodeSet | None, *, exclusive: bool = False) -> bool:
+        """Write a cgroup's cpuset unless it already holds this value from numad.
+        True when the cgroup holds it now (or does not exist: written when it
+        appears); False when the write failed or the kernel applies another set."""
+        if self.written.get(path) == (cpus, mems):
+            return True
+        try:
+            if not self.cgroups.exists(path):
+                self.forget(path)  # gone: nothing left to report
+                return True
+            if path not in self.ensured:  # the ancestors' controllers, once per cgroup
+                self.cgroups.ensure(path)
+                self.ensured.add(path)
+            self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
+            if exclusive:  # the file holds it now, whatever the kernel applies
+                self.grants[path] = cpus
+            else:
+                self.grants.pop(path, None)
+            self.problems.clear(f"write:{path}")
+            if self._effective(path, CPUSet.from_bits(cpus), mems):
+                self.written[path] = (cpus, mems)
+                return True
+            self.written.pop(path, None)  # the file holds this write, not the value remembered
+            return False
+        except NumadError as err:
+            self._failed(path, err)
+            return False
+
+    def _failed(self, path: str, err: NumadError) -> None:
+        self.written.pop(path, None)
+        self.ensured.discard(path)  # set it up again next time: the tree may have changed
+        self.metrics.cgroup_write_errors.inc()
+        self.problems.set(f"write:{path}", f"{err}; retried every reconcile pass")
+        self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))
+
+    def forget(self, path: str) -> None:
+        """Drop everything known about a cgroup that is gone or no longer numad's."""
+        self.written.pop(path, None)
+        self.grants.pop(path, None)
+        self.ensured.discard(path)
+        self.drift.pop(path, None)
+        for kind in ("write", "effective", "grant"):
+            self.problems.clear(f"{kind}:{path}")
+
+    def _effective(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> bool:
+        """Whether the kernel applies the cpuset just written, read back from the
+        effective files. A write can succeed and the kernel apply another set: mems
+        naming a node without memory fall back to the parent's, CPUs outside the
+        parent's effective set are masked off, an offline CPU is dropped. Such a
+        cgroup is logged, counted and listed in the problems until a write applies."""
+        now_cpus, now_mems = self.cgroups.read_effective(path)
+        key = f"effective:{path}"
+        if (not cpus or cpus == now_cpus) and (not mems or mems == now_mems):
+            self.problems.clear(key)
+            return True
+        written = [f"cpus {cpus.format_list()}"] if cpus else []
+        written += [f"mems {mems.format_list()}"] if mems else []
+        applied = f"cpus {now_cpus.format_list()} mems {now_mems.format_list()}"
+        self.problems.set(
+            key,
+            f"{path}: the kernel applies {applied}, not {' '.join(written)}"
+            " (CPUs outside the parent's cpuset, or a node without memory)",
+        )
+        self.metrics.cgroup_not_effective.inc()
+        self.log.error(
+            "cpuset_not_effective",
+            cgroup=path,
+            wanted_cpus=cpus.format_list(),
+            effective_cpus=now_cpus.format_list(),
+            wanted_mems=mems.format_list() if mems else "",
+            effective_mems=now_mems.format_list(),
+        )
+        return False
+
+    def find_drift(self, passes: int) -> int:
+        """Read back every cpuset numad wrote; one another writer changed is forgotten,
+        so the pass writes it again, and counted. A cgroup that keeps drifting is
+        repaired less and less often (up to every 64th pass) instead of fighting the
+        other writer. Returns the number of repairs."""
+        repairs = 0
+        for path, (cpus, mems) in list(self.written.items()):
+            try:
+                now_cpus, now_mems = self.cgroups.read(path)
+            except NumadError:
+                self.written.pop(path, None)  # gone or unreadable: rewrite if it is back
+                continue
+            if now_cpus.bits == cpus and (mems is None or now_mems == mems):
+                self.drift.pop(path, None)
+                continue
+            count, due = self.drift.get(path, (0, 0))
+            if passes < due:
+                continue  # backing off
+            count += 1
+            wait = 0 if count < 3 else min(64, 2 ** (count - 2))
+            self.drift[path] = (count, passes + wait)
+            self.written.pop(path)
+            self.metrics.drift_repairs.inc()
+            repairs += 1
+            self.log.warning(
+                "cpuset_drift_repaired",
+                cgroup=path,
+                found=now_cpus.format_list(),
+                wanted=CPUSet.from_bits(cpus).format_list(),
+                in_a_row=count,
+                next_repair_in_passes=wait,
+            )
+        return repairs

@@ -1,0 +1,44 @@
+"""What is wrong right now: the problems ``/v1/health`` lists, keyed by subject.
+
+Daemon side, no host access. A problem is set under a key (``write:<cgroup>``,
+``loop:reconcile``, ``workload:<name>``...) and cleared under the same key once
+the fault is gone, so a fault that repeats is one line, not one line a time,
+and a fault that is mended leaves no line behind. Readers take a snapshot
+without the daemon's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class Problems:
+    def __init__(self) -> None:
+        self._items: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def set(self, key: str, text: str) -> None:
+        with self._lock:
+            self._items[key] = text
+
+    def clear(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def clear_prefix(self, prefix: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k.startswith(prefix)]:
+                del self._items[key]
+
+    def has(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def subjects(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+    def snapshot(self) -> list[str]:
+        """Every problem's text, oldest first."""
+        with self._lock:
+            return list(self._items.values())

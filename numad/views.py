@@ -1,0 +1,119 @@
+"""Read-only views of the daemon's state: show, list, explain, the metrics' gauges.
+
+Daemon side; reads the state under the daemon's lock and changes nothing but
+Prometheus gauges and counters. Mixed into ``numad.daemon.Daemon``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from numad.admission import Books, Engine, Outcome, placements
+from numad.cpuset import CPUSet
+from numad.errors import WorkloadError
+from numad.metrics import Metrics
+from numad.spec import WorkloadSpec
+from numad.topology.model import Topology
+
+
+class Views:
+    lock: threading.RLock
+    books: Books
+    engine: Engine
+    metrics: Metrics
+    topology: Topology
+    specs: dict[str, WorkloadSpec]
+    outcomes: dict[str, Outcome]
+    unplaced: dict[str, str]
+
+    def list_all(self) -> list[dict[str, Any]]:
+        with self.lock:  # one consistent snapshot
+            return [self.show(n) for n in sorted(self.specs)]
+
+    def explain(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            if name in self.unplaced:
+                return {"explanation": f"unplaced: {self.unplaced[name]}", "conflict": []}
+            outcome = self.outcomes.get(name)
+            why = None if outcome is None else outcome.explanation
+            if why is None:
+                return {
+                    "explanation": "restored from the checkpoint; placed before this start",
+                    "conflict": [],
+                }
+            return {"explanation": why.text(), "conflict": list(why.conflict)}
+
+    def show(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            spec = self.specs[name]
+            held = placements(self.books, name)
+            pool = CPUSet.from_bits(self.books.cpu.shared_pool)
+            containers = {}
+            for c in spec.containers:
+                p = held.get(c.name)
+                containers[c.name] = {
+                    "cgroup": spec.container_cgroup(c),
+                    "cpus": (p.cpus if p is not None and p.cpus else pool).format_list(),
+                    "exclusive": bool(p is not None and p.cpus),
+                    "mems": p.mems.format_list() if p is not None else "",
+                    "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
+                }
+            shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
+            if name in self.unplaced:
+                shown["unplaced"] = self.unplaced[name]
+            return shown
+
+    def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
+        """Two workloads never write the same cgroup, nor one inside the other's."""
+        mine = {spec.container_cgroup(c) for c in spec.containers} | {spec.cgroup}
+        for other in self.specs.values():
+            theirs = {other.container_cgroup(c) for c in other.containers} | {other.cgroup}
+            for a in mine:
+                for b in theirs:
+                    if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                        raise WorkloadError(
+                            spec.name,
+                            f"cgroup {a} is already admitted: it overlaps {b} of {other.name}",
+                            "give each workload its own cgroup",
+                        )
+
+    def _count(self, spec: WorkloadSpec, outcome: Outcome, seconds: float) -> None:
+        m = self.metrics
+        m.admission_requests.inc()
+        m.admission_duration.observe(seconds)
+        scope = str(self.engine.scope)
+        numa_boundary = (spec.policy or self.engine.policy) == "single-numa-node"
+        if any(c.exclusive_cpus for c in spec.containers):
+            m.cpu_pinning_requests.inc()
+        if outcome.admitted:
+            if numa_boundary:
+                m.aligned.labels(scope, "numa_node").inc(
+                    len(spec.containers) if scope == "container" else 1
+                )
+            return
+        m.admission_errors.inc()
+        m.rejections.labels(str(outcome.reason)).inc()
+        if numa_boundary and outcome.reason is not None and "Topology" in outcome.reason:
+            m.aligned_failures.labels(scope, "numa_node").inc()
+        if "cpu" in outcome.detail:
+            m.cpu_pinning_errors.inc()
+
+    def update_gauges(self) -> None:
+        m, cpu, memory = self.metrics, self.books.cpu, self.books.memory
+        m.shared_pool.set(cpu.available.bit_count() * 1000)
+        m.exclusive.set(cpu.exclusive.bit_count())
+        m.unplaced.set(len(self.unplaced))
+        for node in self.topology.nodes:
+            mask = node.cpus.bits & cpu.online
+            allocatable = (mask & ~cpu.reserved).bit_count()
+            m.node_cpus_allocatable.labels(str(node.id)).set(allocatable)
+            m.node_cpus_allocated.labels(str(node.id)).set((mask & cpu.exclusive).bit_count())
+            for (n, resource), cap in memory.table.capacity.items():
+                if n == node.id:
+                    m.node_memory_allocatable.labels(str(n), resource).set(cap.allocatable)
+                    m.node_memory_allocated.labels(str(n), resource).set(memory.used(n, resource))
