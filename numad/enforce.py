@@ -132,8 +132,7 @@ class Enforcer:
         ]
         blocked, failing = 0, []
         for t in shared + narrow:
-            cpus = pool & ~self._granted_elsewhere(t.path)
-            if not (cpus and self.write(t.path, cpus, t.mems)):
+            if not self._share(t, pool):
                 failing.append(t.path)
                 blocked |= self._held(t.path, empty=-1)
         if step is not None:
@@ -142,9 +141,21 @@ class Enforcer:
         if step is not None:
             step("exclusive")
         for t in shared:
-            cpus = pool & ~self._granted_elsewhere(t.path)
-            if cpus:
-                self.write(t.path, cpus, t.mems)
+            self._share(t, pool)
+
+    def _share(self, t: Target, pool: int) -> bool:
+        """Write the shared pool less what other cgroups may still run on as an
+        exclusive grant; never an empty set (that would mean every CPU)."""
+        cpus = pool & ~self._granted_elsewhere(t.path)
+        if cpus:
+            return self.write(t.path, cpus, t.mems)
+        if self.exists(t.path):
+            self.problems.set(
+                f"write:{t.path}",
+                f"{t.path}: no shared CPU to give it: every one is still held by an exclusive"
+                " cgroup not yet rewritten; retried every pass",
+            )
+        return False
 
     def _holds(self, t: Target) -> bool:
         return self.written.get(t.path) == (t.cpus, t.mems)
@@ -165,7 +176,7 @@ class Enforcer:
                 self.problems.clear(f"grant:{t.path}")
                 self.write(t.path, t.cpus, t.mems, exclusive=True)
             if not done:
-                if narrowed or not self._narrow(pending):
+                if narrowed or not self._narrow(pending, blocked):
                     break
                 narrowed = True
             pending = [t for t in pending if t not in done]
@@ -179,12 +190,16 @@ class Enforcer:
                 f" granted yet: {', '.join(holders)} may still run there; retried every pass",
             )
 
-    def _narrow(self, pending: list[Target]) -> bool:
-        """Each waiting cgroup gives up the part of its old grant it does not keep."""
+    def _narrow(self, pending: list[Target], blocked: int) -> bool:
+        """Each waiting cgroup whose file holds an older grant gives up the CPUs of
+        it that it does not keep (a subset of what it runs on now, granted to it
+        before and to no one else since: nothing is added, nothing shared)."""
         progress = False
         for t in pending:
-            kept = self.grants.get(t.path, 0) & t.cpus
-            if kept and kept != self.grants.get(t.path):
+            now = self._held(t.path, empty=0)
+            kept = now & t.cpus & self.grants.get(t.path, 0) if now > 0 else 0
+            others = blocked | self._granted_elsewhere(t.path)
+            if kept and kept != now and not kept & others:
                 progress |= self.write(t.path, kept, t.mems, exclusive=True)
         return progress
 
