@@ -26,6 +26,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import structlog
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -45,6 +47,7 @@ def main() -> int:
     parser.add_argument("--seeds", default="0-49", help="a seed or a range (default 0-49)")
     parser.add_argument("--steps", type=int, default=2000, help="steps per seed (default 2000)")
     args = parser.parse_args()
+    structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # quiet daemons
     steps = checks = 0
     faults: Counter[str] = Counter()
     violations = []

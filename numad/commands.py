@@ -10,8 +10,10 @@ effective files the scratch backend computes as the kernel would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,7 +139,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    cmd = [c for c in args.cmd if c != "--"]
+    """Admit a transient workload, run the command in its cgroup, release it when the
+    command exits (also when it fails), and exit with the command's status."""
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd  # an inner "--" is the command's
     if not cmd:
         raise SystemExit("numad run: give a command after --")
     name = args.name or f"run-{os.getpid()}"
@@ -150,17 +154,47 @@ def _run(args: argparse.Namespace) -> int:
         spec["memory"] = args.memory
     if args.device:
         spec["devices"] = {k: int(v) for k, v in (d.split("=", 1) for d in args.device)}
-    # Join the cgroup first, so that the daemon applies the cpuset at admission.
     health = request(_socket(args), "GET", "/v1/health")
-    procs = (
-        Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"] / "cgroup.procs"
-    )
-    if not procs.parent.is_dir():
-        procs.parent.mkdir(parents=True)
-    procs.write_text(f"{os.getpid()}\n")
-    admitted = request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
+    cgroup = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"]
+    made = not cgroup.is_dir()
+    if made:  # as a service manager would; removed again when the command is done
+        cgroup.mkdir(parents=True)
+    try:
+        admitted = request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
+    except BaseException:
+        _remove(cgroup, made)
+        raise
     placed = admitted["containers"]["main"]
-    print(f"numad: {name}: cpus {placed['cpus'] or 'shared'}; exec {cmd[0]}", file=sys.stderr)
+    print(f"numad: {name}: cpus {placed['cpus'] or 'shared'}; running {cmd[0]}", file=sys.stderr)
     sys.stderr.flush()
-    os.execvp(cmd[0], cmd)  # noqa: S606 - `numad run` replaces itself with the user's command
-    return 0  # not reached
+    try:
+        status = _child(cgroup, cmd)
+    finally:
+        request(_socket(args), "DELETE", f"/v1/workloads/{name}")
+        _remove(cgroup, made)
+        print(f"numad: {name}: released", file=sys.stderr)
+    return status
+
+
+def _child(cgroup: Path, cmd: list[str]) -> int:
+    """Run ``cmd`` in ``cgroup`` (it joins before exec); its exit status, 128+N for a
+    signal N. SIGINT, SIGTERM and SIGHUP are passed on to it."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command
+        except OSError as err:
+            print(f"numad: {cmd[0]}: {err.strerror}", file=sys.stderr)
+        os._exit(127)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _frame: os.kill(pid, n))
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _remove(cgroup: Path, made: bool) -> None:
+    if made:
+        with contextlib.suppress(OSError):  # still in use, or a scratch tree's files
+            cgroup.rmdir()

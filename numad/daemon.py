@@ -166,7 +166,7 @@ class Daemon(Views):
                 path, cpus = spec.container_cgroup(c), record.cpus.get(c.name, "")
                 if CPUSet.parse_list(cpus).bits:
                     grants[path] = grants.get(path, 0) | CPUSet.parse_list(cpus).bits
-            self.books, what = restore(self.books, name, record, self.cpu_policy, self.topology)
+            self.books, what = restore(self.books, spec, record, self.cpu_policy, self.topology)
             if what.startswith("unplaced: "):
                 self._unplace(name, what.removeprefix("unplaced: "))
             elif what:
@@ -343,7 +343,7 @@ class Daemon(Views):
                     continue
                 outcome = self.admit(spec)
             except NumadError as err:
-                self.health.set(f"declared:{path}", str(err))
+                self.health.set(f"declared:{path}", f"{path}: {err}")
                 self.log.error("declared_workload_failed", file=str(path), problem=str(err))
                 continue
             if not outcome.admitted:

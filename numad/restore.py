@@ -29,6 +29,7 @@ from numad.managers.cpu.topology import CPUTopology
 from numad.managers.device import DeviceInventory, DeviceState
 from numad.managers.memory import MemoryTable
 from numad.policy import Machine
+from numad.spec import WorkloadSpec
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 
@@ -59,9 +60,10 @@ def choose_reserved(
     return chosen, f"reserved cpus changed by the config: {was} -> {now}"
 
 
-def place_exact(books: Books, name: str, record: state.Record) -> Books:
+def place_exact(books: Books, name: str, record: state.Record, wanted: Mapping[str, int]) -> Books:
     """Put a recorded workload back exactly where it was; AllocationError if that
-    is no longer valid."""
+    is no longer valid (or a container holds fewer CPUs than it asks for: one
+    flagged by hotplug before the restart)."""
     cpu = books.cpu
     assignments = dict(cpu.assignments)
     for container, listed in record.cpus.items():
@@ -70,16 +72,24 @@ def place_exact(books: Books, name: str, record: state.Record) -> Books:
             raise AllocationError(
                 f"{name}/{container}", f"recorded cpus {listed} are no longer free and online"
             )
+        if cpus.bit_count() < wanted.get(container, 0):
+            raise AllocationError(f"{name}/{container}", f"holds {listed}: too few cpus")
         assignments[(name, container)] = cpus
     return _with_memory_and_devices(books, name, record, assignments)
 
 
 def place_repaired(
-    books: Books, name: str, record: state.Record, policy: StaticPolicy, topology: Topology
+    books: Books,
+    name: str,
+    record: state.Record,
+    wanted: Mapping[str, int],
+    *,
+    policy: StaticPolicy,
+    topology: Topology,
 ) -> tuple[Books, list[str]]:
     """Put a recorded workload back, replacing each CPU that is offline, reserved
-    or taken by a free CPU of the NUMA nodes its other CPUs are on (never of
-    another node). AllocationError when that cannot be done."""
+    or taken (and any it was short of) by a free CPU of the NUMA nodes its other
+    CPUs are on, never of another node. AllocationError when that cannot be done."""
     cpu = books.cpu
     assignments = dict(cpu.assignments)
     notes = []
@@ -87,15 +97,16 @@ def place_repaired(
         where = f"{name}/{container}"
         cpus = CPUSet.parse_list(listed).bits
         valid = cpus & cpu.online & ~cpu.reserved & ~cpu.exclusive
-        lost = cpus & ~valid
-        if lost:
+        lost, need = cpus & ~valid, wanted.get(container, 0) - valid.bit_count()
+        if need > 0:
             nodes = NodeSet(n.id for n in topology.nodes if n.cpus.bits & valid)
             if not nodes:
                 raise AllocationError(where, f"none of its recorded cpus {listed} is usable")
-            local = cpu.available & ~_bits(assignments) & policy.topo.numa_mask(nodes)
-            extra = policy.allocate(local, lost.bit_count(), nodes, reserved=cpu.reserved)
-            lost_text, new = CPUSet.from_bits(lost), CPUSet.from_bits(extra)
-            notes.append(f"{where}: cpus {lost_text} no longer usable; replaced by {new}")
+            taken = _bits(assignments) | valid  # other containers', and its own kept CPUs
+            local = cpu.available & ~taken & policy.topo.numa_mask(nodes)
+            extra = policy.allocate(local, need, nodes, reserved=cpu.reserved)
+            lost_text, new = CPUSet.from_bits(lost).format_list() or "none", CPUSet.from_bits(extra)
+            notes.append(f"{where}: cpus {lost_text} no longer usable; given {new}")
             cpus = valid | extra
         assignments[(name, container)] = cpus
     return _with_memory_and_devices(books, name, record, assignments), notes
@@ -135,19 +146,22 @@ def _with_memory_and_devices(
 
 
 def restore(
-    books: Books, name: str, record: state.Record, policy: StaticPolicy, topology: Topology
+    books: Books, spec: WorkloadSpec, record: state.Record, policy: StaticPolicy, topology: Topology
 ) -> tuple[Books, str]:
-    """The books with ``name`` put back: exactly, repaired, or not at all. The text
+    """The books with ``spec`` put back: exactly, repaired, or not at all. The text
     says what happened ("" when restored exactly; "unplaced: why" when it holds
     nothing now)."""
     if record.unplaced:
         return books, f"unplaced: {record.unplaced}"
+    name, wanted = spec.name, {c.name: c.exclusive_cpus for c in spec.containers}
     try:
-        return place_exact(books, name, record), ""
+        return place_exact(books, name, record, wanted), ""
     except NumadError:
         pass
     try:
-        repaired, notes = place_repaired(books, name, record, policy, topology)
+        repaired, notes = place_repaired(
+            books, name, record, wanted, policy=policy, topology=topology
+        )
     except NumadError as err:
         return books, f"unplaced: {err}"
     return repaired, "; ".join(notes)

@@ -212,12 +212,16 @@ class Simulation:
             return
         union = 0
         reserved = CPUSet.parse_list(cp.reserved).bits
+        flagged = " ".join(self.daemon.problems)
         for name, record in cp.workloads.items():
             for cpus_text in record.cpus.values():
                 cpus = CPUSet.parse_list(cpus_text).bits
                 if cpus & union or cpus & reserved:
                     raise Violation(f"{when}: {name} holds {cpus_text}: taken or reserved")
                 union |= cpus
+                wanted = record.spec.get("cpus")
+                if cpus.bit_count() != wanted and f"{name}/main: cpus" not in flagged:
+                    raise Violation(f"{when}: {name} holds {cpus_text}, not {wanted} cpus")
         lost = self.answered - self.removed - set(cp.workloads)
         if lost:
             raise Violation(f"{when}: admitted workloads lost: {sorted(lost)}")

@@ -59,6 +59,7 @@ class _Stub:
     """The little of a daemon the API server uses; admit can fail or wait."""
 
     ready: bool = True
+    started: bool = True
     problems: list[str] = field(default_factory=list)
     cgroups: object = None
     metrics: Metrics = field(default_factory=Metrics)

@@ -290,7 +290,7 @@ def test_a_removed_cgroup_releases_its_workload(numad: Numad) -> None:
     _check_invariants(numad)  # the new cgroup was applied when it appeared
 
 
-def test_run_admits_a_transient_workload_and_execs_the_command(numad: Numad) -> None:
+def test_run_admits_a_transient_workload_runs_the_command_and_releases_it(numad: Numad) -> None:
     scratch_mkdir(numad.cgroups, "numad.slice/job")
     done = subprocess.run(
         [
@@ -307,20 +307,25 @@ def test_run_admits_a_transient_workload_and_execs_the_command(numad: Numad) -> 
             "--",
             sys.executable,
             "-c",
-            "import os; print('child', os.getpid())",
+            "import os, sys; print('child', os.getpid(), sys.argv[1:]); sys.exit(3)",
+            "--",
+            "x",
         ],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
-    pid = int(done.stdout.split()[1])
-    # numad run joined the cgroup, then exec'd the command in the same process.
-    assert (numad.cgroups / "numad.slice/job/cgroup.procs").read_text().split() == [str(pid)]
-    job = numad.call("GET", "/v1/workloads/job")["containers"]["main"]
-    assert job["exclusive"]
-    assert len(CPUSet.parse_list(job["cpus"])) == 2
-    assert "job: cpus" in done.stderr
+    assert done.returncode == 3, done.stderr  # the command's own status
+    _, pid, args = done.stdout.split(maxsplit=2)
+    assert args.strip() == "['--', 'x']"  # an inner "--" belongs to the command
+    # The command ran in the workload's cgroup, on the exclusive CPUs numad gave it.
+    assert (numad.cgroups / "numad.slice/job/cgroup.procs").read_text().split() == [pid]
+    cpus = done.stderr.split("job: cpus ")[1].split(";")[0]
+    assert len(CPUSet.parse_list(cpus)) == 2
+    # ... and was released when the command exited.
+    assert "numad: job: released" in done.stderr
+    assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == []
     _check_invariants(numad)
 
 

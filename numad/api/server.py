@@ -56,6 +56,8 @@ class Backend(Protocol):
     @property
     def ready(self) -> bool: ...
     @property
+    def started(self) -> bool: ...
+    @property
     def problems(self) -> list[str]: ...
     @property
     def cgroups(self) -> object: ...
@@ -181,8 +183,8 @@ class _Handler(BoundedHandler):
                     "cgroup_root": str(getattr(daemon.cgroups, "root", "")),
                     "metrics": daemon.metrics_address,
                 }
-            if not daemon.ready:
-                return _error(503, "not_ready", "numad: not ready yet")
+            if not daemon.started:  # started but not ready (checkpoint unwritable): still
+                return _error(503, "not_ready", "numad: not ready yet")  # lists and explains
             return self._route(method, parts, raw)
         except Exception as err:  # noqa: BLE001 - one request's fault is answered, not fatal
             return self._fault(method, err)
