@@ -50,6 +50,7 @@ from numad.service import build
 MACHINE = "32intel64-2p8co2t+8ve"  # 32 CPUs, 2 nodes, 8 vector engines
 ALL = CPUSet.parse_list("0-31")
 NAMES = [f"w{i}" for i in range(12)]
+VE_DEVICES = ["0000:1b:00.0", "0000:1c:00.0", "0000:3d:00.0"]  # of its 8 vector engines
 ERRNOS = ("EBUSY", "EINVAL", "ENOSPC", "EACCES")
 
 
@@ -222,6 +223,10 @@ class Simulation:
                 wanted = record.spec.get("cpus")
                 if cpus.bit_count() != wanted and f"{name}/main: cpus" not in flagged:
                     raise Violation(f"{when}: {name} holds {cpus_text}, not {wanted} cpus")
+        held = [a for r in cp.workloads.values() for d in r.devices.values() for a in d.values()]
+        addresses = [a for group in held for a in group]
+        if len(addresses) != len(set(addresses)):
+            raise Violation(f"{when}: a device is held twice: {sorted(addresses)}")
         lost = self.answered - self.removed - set(cp.workloads)
         if lost:
             raise Violation(f"{when}: admitted workloads lost: {sorted(lost)}")
@@ -315,12 +320,29 @@ class Simulation:
         victim = self.rng.choice(sorted(ALL))
         if victim in online and len(online) > 8:
             new = online - CPUSet([victim])
+            self.faults.injected["cpu offline"] += 1
         else:
             new = online | CPUSet([victim])
         online_file.write_text(new.format_list() + "\n")
         if self.rng.random() < 0.2:
             self.faults.loop_exception = True
         self.daemon.supervisor.run_once("hotplug", self.daemon.rediscover)
+
+    def device_churn(self) -> None:
+        """A vector engine leaves (removed, or its driver not bound yet) or comes back;
+        numad hears of it by hotplug or at its next start."""
+        devices, stash = self.root / "sys/bus/pci/devices", self.root / "stash"
+        stash.mkdir(exist_ok=True)
+        address = self.rng.choice(VE_DEVICES)
+        if (devices / address).exists():
+            (devices / address).rename(stash / address)
+            self.faults.injected["device removed"] += 1
+        elif (stash / address).exists():
+            (stash / address).rename(devices / address)
+        if self.rng.random() < 0.5:
+            self.daemon.supervisor.run_once("hotplug", self.daemon.rediscover)
+        else:
+            self.restart()
 
     def reconcile(self) -> None:
         if self.daemon.specs and self.rng.random() < 0.2:  # exists() is asked of each
@@ -396,6 +418,7 @@ STEPS: dict[str, tuple[int, Callable[[Simulation], None]]] = {
     "release": (12, Simulation.release),
     "cgroup churn": (8, Simulation.cgroup_churn),
     "hotplug": (8, Simulation.hotplug),
+    "device churn": (3, Simulation.device_churn),
     "reconcile": (14, Simulation.reconcile),
     "clock": (6, Simulation.advance_clock),
     "checkpoint fault": (5, Simulation.checkpoint_fault),
