@@ -6,8 +6,9 @@ sequence under one lock: decide (pure) -> checkpoint (atomic) -> cgroups
 checkpoint cannot be written changes nothing in memory and raises
 ``CheckpointError``; a cgroup write that fails after the commit is retried by
 every reconcile pass and shown in the health problems until it succeeds.
-Restoring and rediscovering live in ``numad.restore``, the loops in
-``numad.loops``, the read-only views in ``numad.views``.
+Restoring lives in ``numad.restore``, rediscovery and the reconcile pass in
+``numad.reconcile``, the loops in ``numad.loops``, the read-only views in
+``numad.views``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from numad.managers.device import DeviceInventory, DeviceState
 from numad.managers.memory import MemoryState, MemoryTable
 from numad.metrics import Metrics
 from numad.policy import Machine, check_machine, parse_options
-from numad.restore import choose_reserved, distances, rediscovered, reserved_setting, restore
+from numad.reconcile import Reconciler
+from numad.restore import choose_reserved, distances, reserved_setting, restore
 from numad.spec import WorkloadSpec, load_spec, parse_spec
 from numad.topology.discover import discover
 from numad.views import Views
@@ -45,7 +47,7 @@ from numad.views import Views
 __all__ = ["Cgroups", "Daemon", "Log"]
 
 
-class Daemon(Views):
+class Daemon(Views, Reconciler):
     def __init__(  # noqa: PLR0917 - the composition root takes every part
         self,
         config: Config,
@@ -350,123 +352,3 @@ class Daemon(Views):
                 why = outcome.explanation
                 text = why.text() if why else outcome.detail
                 self.health.set(f"declared:{path}", f"{path}: not admitted: {text}")
-
-    # -- over time -------------------------------------------------------------------------
-
-    def rediscover(self) -> list[str]:
-        """Read the machine again after hotplug and keep every decision that still
-        holds (``numad.restore.rediscovered`` says how). Commits or changes nothing;
-        a rediscovery that failed is tried again by the next reconcile pass."""
-        with self.lock:
-            self.rediscover_pending = True
-            new = rediscovered(
-                self.fs,
-                self.config,
-                self.engine,
-                self.books,
-                old=self.topology,
-                reserved=self.reserved,
-            )
-            try:  # v1 took CPUs that went offline out of its cpusets, even if back already
-                self.cgroups.restore_cpus(CPUSet.from_bits(new.books.cpu.online))
-            except NumadError as err:
-                self.log.error("cgroup_restore_failed", problem=str(err))
-            self._commit(new.books, self.specs)
-            self.topology, self.cpu_policy, self.engine = new.topology, new.policy, new.engine
-            self.books = new.books
-            self.rediscover_pending = False
-            self.enforcer.written.clear()
-            for change in new.flagged:
-                self.health.set(f"hotplug:{change.split(':')[0]}", change)
-            self._after_commit(self._enforce)
-        self.update_gauges()
-        self.log.info(
-            "topology_rediscovered", changes=list(new.changes), cpus=len(new.topology.online_cpus)
-        )
-        return list(new.changes)
-
-    def reconcile(self) -> None:
-        """One pass: retry what failed (checkpoint, rediscovery, unplaced workloads),
-        release a workload whose cgroups have been gone for the grace period, write
-        every managed cgroup (a new one is applied when it appears), settle released
-        cgroups."""
-        started = time.perf_counter()
-        with self.lock, self.metrics.reconcile_duration.time():
-            self.passes += 1
-            self._check_root()
-            if self.health.has("checkpoint"):
-                self._commit(self.books, self.specs)
-            if self.rediscover_pending:
-                self.rediscover()
-            repairs = self.enforcer.find_drift(self.passes)
-            self.repairs += repairs
-            self._releases()
-            self._readmit()
-            self._enforce()  # raises to the supervisor: counted, shown, retried
-            self.health.clear("enforce")
-            self._settle_orphans()
-        self.log.info(  # the one line per reconcile pass
-            "reconcile_completed",
-            workloads=len(self.specs),
-            unplaced=len(self.unplaced),
-            drift_repaired=repairs,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
-
-    def _check_root(self) -> None:
-        root = getattr(self.cgroups, "root", None)
-        if root is not None and not Path(root).is_dir():
-            self.health.set("cgroup-root", f"{root}: the cgroup hierarchy is gone")
-        else:
-            self.health.clear("cgroup-root")
-
-    def _releases(self) -> None:
-        """Release a workload whose cgroups existed and have all been gone for
-        ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it."""
-        now = self.clock()
-        for name, spec in list(self.specs.items()):
-            present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
-            if any(p is True for p in present):
-                self.seen.add(name)
-                self.gone_since.pop(name, None)
-            elif name in self.seen and all(p is False for p in present):
-                since = self.gone_since.setdefault(name, now)
-                if now - since >= self.config.release_grace_seconds:
-                    self.log.info("workload_cgroup_removed", workload=name)
-                    self.release(name)
-
-    def _readmit(self) -> None:
-        """Place each unplaced workload that fits again, as a new admission would."""
-        for name in sorted(self.unplaced):
-            try:
-                books, outcome = admit(self.engine, self.books, self.specs[name].to_request())
-            except NumadError as err:  # e.g. its device class left the config
-                self._unplace(name, str(err))
-                continue
-            if not outcome.admitted:
-                continue
-            why = self.unplaced.pop(name)
-            try:
-                self._commit(books, self.specs)
-            except CheckpointError:
-                self.unplaced[name] = why
-                return
-            self.books = books
-            self.outcomes[name] = outcome
-            self.health.clear(f"workload:{name}")
-            self.log.info("workload_placed_again", workload=name, was=why)
-
-    def _settle_orphans(self) -> None:
-        """Forget released cgroups that are gone (or belong to a workload again)."""
-        owned = {spec.container_cgroup(c) for spec in self.specs.values() for c in spec.containers}
-        settled = {p for p in self.orphans if p in owned or self.enforcer.exists(p) is False}
-        if settled:
-            was = set(self.orphans)
-            self.orphans -= settled
-            try:
-                self._commit(self.books, self.specs)
-            except CheckpointError:
-                self.orphans = was
-                return
-            for path in settled - owned:
-                self.enforcer.forget(path)

@@ -1,0 +1,180 @@
+"""The daemon over time: rediscovery after hotplug and the reconcile pass.
+
+Daemon side, mixed into ``numad.daemon.Daemon``: each method takes the
+daemon's lock and commits like a request does (checkpoint first, then
+cgroups through ``numad.enforce``). The reconcile pass retries what failed
+(checkpoint, rediscovery, unplaced workloads), releases a workload whose
+cgroups have been gone for the grace period, writes every managed cgroup and
+settles released ones; the supervised loop in ``numad.loops`` runs it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from numad.admission import Books, Engine, Outcome, admit
+from numad.config import Config
+from numad.cpuset import CPUSet
+from numad.enforce import Cgroups, Enforcer, Log
+from numad.errors import CheckpointError, NumadError
+from numad.health import Problems
+from numad.hostfs import HostFS
+from numad.managers.cpu.static import StaticPolicy
+from numad.metrics import Metrics
+from numad.restore import rediscovered
+from numad.spec import WorkloadSpec
+from numad.topology.model import Topology
+
+
+class Reconciler:
+    lock: threading.RLock
+    config: Config
+    fs: HostFS
+    cgroups: Cgroups
+    log: Log
+    metrics: Metrics
+    clock: Callable[[], float]
+    health: Problems
+    enforcer: Enforcer
+    topology: Topology
+    cpu_policy: StaticPolicy
+    engine: Engine
+    books: Books
+    reserved: int
+    specs: dict[str, WorkloadSpec]
+    outcomes: dict[str, Outcome]
+    unplaced: dict[str, str]
+    orphans: set[str]
+    seen: set[str]
+    gone_since: dict[str, float]
+    rediscover_pending: bool
+    passes: int
+    repairs: int
+
+    def _commit(self, books: Books, specs: Mapping[str, WorkloadSpec]) -> None: ...
+    def _enforce(self, step: Callable[[str], None] | None = None) -> None: ...
+    def _after_commit(self, step: Callable[[], None]) -> None: ...
+    def _unplace(self, name: str, why: str) -> None: ...
+    def release(self, name: str) -> None: ...
+    def update_gauges(self) -> None: ...
+
+    def rediscover(self) -> list[str]:
+        """Read the machine again after hotplug and keep every decision that still
+        holds (``numad.restore.rediscovered`` says how). Commits or changes nothing;
+        a rediscovery that failed is tried again by the next reconcile pass."""
+        with self.lock:
+            self.rediscover_pending = True
+            new = rediscovered(
+                self.fs,
+                self.config,
+                self.engine,
+                self.books,
+                old=self.topology,
+                reserved=self.reserved,
+            )
+            try:  # v1 took CPUs that went offline out of its cpusets, even if back already
+                self.cgroups.restore_cpus(CPUSet.from_bits(new.books.cpu.online))
+            except NumadError as err:
+                self.log.error("cgroup_restore_failed", problem=str(err))
+            self._commit(new.books, self.specs)
+            self.topology, self.cpu_policy, self.engine = new.topology, new.policy, new.engine
+            self.books = new.books
+            self.rediscover_pending = False
+            self.enforcer.written.clear()
+            for change in new.flagged:
+                self.health.set(f"hotplug:{change.split(':')[0]}", change)
+            self._after_commit(self._enforce)
+        self.update_gauges()
+        self.log.info(
+            "topology_rediscovered", changes=list(new.changes), cpus=len(new.topology.online_cpus)
+        )
+        return list(new.changes)
+
+    def reconcile(self) -> None:
+        """One pass: retry what failed (checkpoint, rediscovery, unplaced workloads),
+        release a workload whose cgroups have been gone for the grace period, write
+        every managed cgroup (a new one is applied when it appears), settle released
+        cgroups."""
+        started = time.perf_counter()
+        with self.lock, self.metrics.reconcile_duration.time():
+            self.passes += 1
+            self._check_root()
+            if self.health.has("checkpoint"):
+                self._commit(self.books, self.specs)
+            if self.rediscover_pending:
+                self.rediscover()
+            repairs = self.enforcer.find_drift(self.passes)
+            self.repairs += repairs
+            self._releases()
+            self._readmit()
+            self._enforce()  # raises to the supervisor: counted, shown, retried
+            self.health.clear("enforce")
+            self._settle_orphans()
+        self.log.info(  # the one line per reconcile pass
+            "reconcile_completed",
+            workloads=len(self.specs),
+            unplaced=len(self.unplaced),
+            drift_repaired=repairs,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    def _check_root(self) -> None:
+        root = getattr(self.cgroups, "root", None)
+        if root is not None and not Path(root).is_dir():
+            self.health.set("cgroup-root", f"{root}: the cgroup hierarchy is gone")
+        else:
+            self.health.clear("cgroup-root")
+
+    def _releases(self) -> None:
+        """Release a workload whose cgroups existed and have all been gone for
+        ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it."""
+        now = self.clock()
+        for name, spec in list(self.specs.items()):
+            present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
+            if any(p is True for p in present):
+                self.seen.add(name)
+                self.gone_since.pop(name, None)
+            elif name in self.seen and all(p is False for p in present):
+                since = self.gone_since.setdefault(name, now)
+                if now - since >= self.config.release_grace_seconds:
+                    self.log.info("workload_cgroup_removed", workload=name)
+                    self.release(name)
+
+    def _readmit(self) -> None:
+        """Place each unplaced workload that fits again, as a new admission would."""
+        for name in sorted(self.unplaced):
+            try:
+                books, outcome = admit(self.engine, self.books, self.specs[name].to_request())
+            except NumadError as err:  # e.g. its device class left the config
+                self._unplace(name, str(err))
+                continue
+            if not outcome.admitted:
+                continue
+            why = self.unplaced.pop(name)
+            try:
+                self._commit(books, self.specs)
+            except CheckpointError:
+                self.unplaced[name] = why
+                return
+            self.books = books
+            self.outcomes[name] = outcome
+            self.health.clear(f"workload:{name}")
+            self.log.info("workload_placed_again", workload=name, was=why)
+
+    def _settle_orphans(self) -> None:
+        """Forget released cgroups that are gone (or belong to a workload again)."""
+        owned = {spec.container_cgroup(c) for spec in self.specs.values() for c in spec.containers}
+        settled = {p for p in self.orphans if p in owned or self.enforcer.exists(p) is False}
+        if settled:
+            was = set(self.orphans)
+            self.orphans -= settled
+            try:
+                self._commit(self.books, self.specs)
+            except CheckpointError:
+                self.orphans = was
+                return
+            for path in settled - owned:
+                self.enforcer.forget(path)
