@@ -173,6 +173,20 @@ def test_the_watchdog_is_fed_only_while_reconcile_makes_progress(
             thread.join(5)
 
 
+def test_numad_is_not_ready_while_its_cgroup_tree_is_gone(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    tree.rename(tree.with_name("cgroup.away"))
+    daemon.reconcile()
+    assert not daemon.ready
+    assert any("the cgroup hierarchy is gone" in p for p in daemon.problems)
+    tree.with_name("cgroup.away").rename(tree)
+    daemon.reconcile()
+    assert daemon.ready
+
+
 # -- commit or nothing ---------------------------------------------------------------------
 
 
