@@ -108,7 +108,8 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _reload(daemon: Daemon) -> None:
-    daemon.reload_workloads()
+    """SIGHUP's work, supervised like a loop: a fault is logged, counted and shown."""
+    daemon.supervisor.run_once("reload", daemon.reload_workloads)
     notify.ready(f"{len(daemon.specs)} workloads; reloaded")
 
 
