@@ -4,9 +4,10 @@ The input edge of admission, beside ``numad.spec`` (numad's own shape), whose
 ``parse_spec`` hands it any YAML or JSON document with an ``apiVersion`` or a
 ``kind``. Touches nothing but the decoded document: the checks shared with the
 native shape (names, cgroup paths inside a managed root, sizes, hugepages,
-containers) are ``numad.spec.Reader``'s. What is the kubelet's here: the
-Guaranteed QoS rule (exclusive CPUs and pinned memory only then), init and
-sidecar containers, and extended resources read as device classes.
+containers) are ``numad.spec.Reader``'s, quantities ``numad.quantity``'s. What
+is the kubelet's here: the Guaranteed QoS rule (exclusive CPUs and pinned
+memory only then), init and sidecar containers, and extended resources read as
+device classes.
 """
 
 from __future__ import annotations
@@ -15,23 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 
+from numad.decode import member, show, type_name
 from numad.managers.cpu.state import ContainerKind
 from numad.managers.memory import MEMORY
-from numad.spec import (
-    EXACT,
-    HUGEPAGES,
-    MAX_CPUS,
-    MAX_DEVICES,
-    ContainerSpec,
-    Reader,
-    WorkloadSpec,
-    exact_number,
-    frozen,
-    is_whole,
-    member,
-    show,
-    type_name,
-)
+from numad.quantity import EXACT, exact_number, is_whole
+from numad.spec import HUGEPAGES, MAX_CPUS, MAX_DEVICES, ContainerSpec, Reader, WorkloadSpec, frozen
 
 CGROUP_ANNOTATION = "numad.io/cgroup"
 POLICY_ANNOTATION = "numad.io/topology-policy"

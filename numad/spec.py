@@ -1,39 +1,35 @@
-"""Workload specs: numad's own shape (TOML, JSON, YAML), and the parsing it shares
+"""Workload specs: numad's own shape (TOML, JSON, YAML), and the checks it shares
 with Kubernetes Pod manifests (read by ``numad.pod``).
 
 The input edge of admission. Text is parsed once, here, into a validated
-``WorkloadSpec``; only ``load_spec`` opens a file. Names and cgroup paths are
-checked before anything uses them, and every cgroup stays inside a managed root
-(DESIGN section 5, invariant 5). Bad input of any shape becomes a ``SpecError``
-naming the workload (or the file) and the field (invariant 6). ``Reader`` and
-the value helpers below it are the checks both shapes share.
+``WorkloadSpec``: ``numad.decode`` turns text (or the file ``load_spec`` names)
+into a document, and ``Reader`` checks it. Touches no file itself. Names and
+cgroup paths are checked before anything uses them, and every cgroup stays
+inside a managed root (DESIGN section 5, invariant 5). Bad input of any shape
+becomes a ``SpecError`` naming the workload (or the file) and the field
+(invariant 6). ``Reader`` holds the checks both shapes share, and in
+``native`` and ``container`` the reading of numad's own shape.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-import math
 import re
-import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Context, Decimal
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
-
-import yaml
+from typing import Any
 
 from numad.admission import ContainerRequest, WorkloadRequest
+from numad.decode import Format, check_length, decode, member, read_text, show, type_name
 from numad.errors import ConfigError, SpecError
 from numad.managers.cpu.state import ContainerKind
 from numad.managers.memory import MEMORY, hugepage_resource
 from numad.policy import Policy
+from numad.quantity import EXACT, exact_number, is_whole, page_size
 
-Format = Literal["toml", "json", "yaml"]
-
-MAX_SPEC_BYTES = 1 << 20
 MAX_CPUS = 4096
 MAX_BYTES = (1 << 63) - 1
 MAX_DEVICES = 1 << 16
@@ -41,7 +37,6 @@ MAX_CGROUP_PATH = 1024
 DEFAULT_MANAGED_ROOTS = ("numad.slice",)
 DEFAULT_CONTAINER = "main"
 
-FORMATS: Mapping[str, Format] = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _NAME_HINT = "use 1 to 63 of a-z 0-9 . _ -, starting with a letter or digit"
 # Directory names as systemd units and plain tools spell them, without the
@@ -49,19 +44,6 @@ _NAME_HINT = "use 1 to 63 of a-z 0-9 . _ -, starting with a letter or digit"
 _COMPONENT = re.compile(r"[A-Za-z0-9_.:@+-]{1,255}")
 _PATH_HINT = "give a relative path of names, like numad.slice/db.service"
 _DEVICE_CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}")
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
-# Kubernetes quantities: a decimal number, then a binary or decimal suffix or
-# a decimal exponent ("32Gi", "1.5G", "500m", "1e9").
-_QUANTITY = re.compile(
-    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?:[eE](?P<exponent>[0-9]{1,2})|(?P<suffix>[KMGTPE]i|[mkMGTPE]))?"
-)
-_SCALE = {
-    "m": Decimal("0.001"),
-    **{s: Decimal(1000**i) for i, s in enumerate("kMGTPE", 1)},
-    **{f"{s}i": Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
-}
-EXACT = Context(prec=200)  # no rounding at any size a quantity string can spell
 _CPU_TEXT = re.compile(r"(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)(?P<milli>m?)")
 _CPUS_HINT = 'use an integer for exclusive CPUs, or "500m" or 0.5 for the shared pool'
 _BYTES_HINT = "use bytes or a suffix like 32Gi"
@@ -133,7 +115,7 @@ def _resources_dict(c: ContainerSpec) -> dict[str, Any]:
         out["cpus"] = f"{c.shared_millicpus}m"
     for resource, amount in c.memory.items():
         # Memory in bytes, hugepages as a page count (the spec's integer form).
-        page = _page_size(resource.removeprefix(HUGEPAGES)) if resource != MEMORY else None
+        page = page_size(resource.removeprefix(HUGEPAGES)) if resource != MEMORY else None
         out[resource] = amount // page if page else amount
     if c.devices:
         out["devices"] = dict(c.devices)
@@ -147,20 +129,7 @@ def load_spec(
     device_classes: Collection[str] | None = None,
 ) -> WorkloadSpec:
     """Read and parse a spec file; the format comes from its suffix."""
-    fmt = FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise SpecError(str(path), "unknown spec format", "use .toml, .json, .yaml or .yml")
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as err:
-        raise SpecError(str(path), f"cannot read the spec: {err.strerror or err}") from err
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError(str(path), f"larger than {MAX_SPEC_BYTES} bytes", "is it a spec?")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SpecError(str(path), f"not UTF-8 text (byte {err.start})") from None
+    text, fmt = read_text(path)
     return parse_spec(
         text, fmt, managed_roots=managed_roots, device_classes=device_classes, source=str(path)
     )
@@ -180,11 +149,10 @@ def parse_spec(
     Bad managed roots are the caller's ``ConfigError``; anything wrong with the
     text is a ``SpecError``.
     """
-    if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(source, f"longer than {MAX_SPEC_BYTES} characters", "is it a spec?")
+    check_length(text, source)
     classes = None if device_classes is None else frozenset(device_classes)
     reader = Reader(source, _roots(managed_roots), classes)
-    doc = reader.table(_decode(text, fmt, source), "top level")
+    doc = reader.table(decode(text, fmt, source), "top level")
     if fmt != "toml" and ("apiVersion" in doc or "kind" in doc):
         # numad.pod builds on this module's Reader, so it is imported only here.
         from numad.pod import read_pod  # noqa: PLC0415
@@ -202,93 +170,6 @@ def _roots(managed_roots: Sequence[str]) -> tuple[str, ...]:
     return roots
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """The safe loader, refusing duplicate keys as Kubernetes' strict decoding does."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key, _ in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                if (key.tag, key.value) in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key.value!r}", key.start_mark
-                    )
-                seen.add((key.tag, key.value))
-        return super().construct_mapping(node, deep)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {show(key)}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _decode(text: str, fmt: Format, source: str) -> object:
-    try:
-        if fmt == "toml":
-            return tomllib.loads(text)
-        if fmt == "json":
-            return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-        if fmt == "yaml":
-            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
-        # tomllib and json raise ValueErrors; PyYAML's constructors can raise
-        # ValueError (dates like 2020-13-45) and TypeError; all recurse on nesting.
-        raise SpecError(source, f"not valid {fmt.upper()}: {_decode_problem(err)}") from None
-    raise SpecError(source, f"unknown spec format {fmt!r}", "use toml, json or yaml")
-
-
-def _decode_problem(err: Exception) -> str:
-    if isinstance(err, RecursionError):
-        return "nested too deeply"
-    problem = " ".join(str(err).split())
-    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
-        mark = err.problem_mark
-        problem = f"{err.problem} (at line {mark.line + 1}, column {mark.column + 1})"
-    return problem[:300] or type(err).__name__
-
-
-def type_name(value: object, *, empty: bool = False) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "table"}
-    if empty and value == []:
-        return "an empty one"
-    if value is None:
-        return "null"
-    return "array" if isinstance(value, list) else names.get(type(value), type(value).__name__)
-
-
-def show(value: object) -> str:
-    """A short rendering of an input value. Containers are named, not shown: YAML
-    aliases make small documents whose repr is exponentially large."""
-    if isinstance(value, str):
-        text = json.dumps(value[:60])
-    elif isinstance(value, Decimal):
-        text = f"{value.normalize():f}"
-    elif isinstance(value, bool) or value is None:
-        text = json.dumps(value)
-    elif isinstance(value, int) and value.bit_length() > 256:
-        text = "a huge integer"  # TOML hex literals have no digit limit; repr would refuse
-    elif isinstance(value, list | dict | set | tuple):
-        text = f"an {type_name(value)}" if isinstance(value, list) else f"a {type_name(value)}"
-    else:
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def member(where: str, key: str) -> str:
-    """``where.key``, or ``where["odd key"]`` when the key is not a plain word."""
-    if not _PLAIN_KEY.fullmatch(key):
-        return f"{where}[{show(key)}]"
-    return f"{where}.{key}" if where else key
-
-
 def _path_problem(path: str) -> str | None:
     """What is wrong with a relative cgroup path; NUL and backslash fail the charset."""
     if not path or len(path) > MAX_CGROUP_PATH:
@@ -302,42 +183,6 @@ def _path_problem(path: str) -> str | None:
     if bad is not None:
         return f"{show(path)}: {show(bad)} has characters outside A-Z a-z 0-9 _ . : @ + -"
     return None
-
-
-def _quantity(text: str) -> Decimal | None:
-    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
-    if match is None:
-        return None
-    exponent, suffix = match["exponent"], match["suffix"]
-    scale = Decimal(10) ** int(exponent) if exponent else _SCALE.get(suffix, Decimal(1))
-    value = EXACT.multiply(Decimal(match["number"]), scale)
-    return -value if match["sign"] == "-" else value
-
-
-def exact_number(value: object) -> Decimal | None:
-    """An exact number from an integer, a finite float or a quantity string."""
-    if isinstance(value, Decimal):
-        return value
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return Decimal(value)
-    if isinstance(value, float):
-        return Decimal(repr(value)) if math.isfinite(value) else None
-    return _quantity(value) if isinstance(value, str) else None
-
-
-def is_whole(value: Decimal) -> bool:
-    return value == value.to_integral_value()
-
-
-def _page_size(size: str) -> int | None:
-    """Bytes per page for the size in a ``hugepages-<size>`` name (a power of two)."""
-    amount = _quantity(size)
-    if amount is None or not 1024 <= amount <= 1 << 40 or not is_whole(amount):
-        return None
-    page = int(amount)
-    return page if page % 1024 == 0 and page & (page - 1) == 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,7 +344,7 @@ class Reader:
 
     def hugepages(self, key: str, value: object, where: str, *, pages: bool) -> tuple[str, int]:
         """The resource name and bytes; with ``pages`` an integer counts pages."""
-        page = _page_size(key.removeprefix(HUGEPAGES))
+        page = page_size(key.removeprefix(HUGEPAGES))
         if page is None:
             raise self.fail(where, "not a hugepage size", "write hugepages-2Mi or hugepages-1Gi")
         resource = hugepage_resource(page // 1024)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numad.admission import ContainerRequest, WorkloadRequest
+from numad.decode import MAX_SPEC_BYTES, Format
 from numad.errors import ConfigError, SpecError
 from numad.managers.cpu.state import ContainerKind
 from numad.policy import Policy
@@ -20,9 +21,7 @@ from numad.spec import (
     MAX_BYTES,
     MAX_CPUS,
     MAX_DEVICES,
-    MAX_SPEC_BYTES,
     ContainerSpec,
-    Format,
     WorkloadSpec,
     load_spec,
     parse_spec,
