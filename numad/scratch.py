@@ -27,13 +27,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from numad.cgroup import (
-    SCRATCH_MARKER,
-    CgroupPath,
-    CgroupV1Backend,
-    CgroupV2Backend,
-    is_scratch,
-)
+from numad.cgroup.hierarchy import SCRATCH_MARKER, is_scratch
+from numad.cgroup.path import CgroupPath
+from numad.cgroup.v1 import CgroupV1Backend
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 

@@ -1,7 +1,7 @@
 """cgroup enforcement on scratch hierarchies: path checks, ensure, writes, kernel emulation.
 
 Every tree lives under ``tmp_path``; nothing here reads or writes this machine's own
-cgroups. The kernel's errno values are simulated through ``numad.cgroup._write_file``.
+cgroups. The kernel's errno values are simulated through ``numad.cgroup.v2._write_file``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ from pathlib import Path
 import pytest
 from cgroupspy import controllers
 
-import numad.cgroup as cgroup_module
-from numad.cgroup import (
-    SCRATCH_MARKER,
-    CgroupBackend,
-    CgroupPath,
-    CgroupV1Backend,
-    CgroupV2Backend,
-    detect_backend,
-)
+import numad.cgroup.v2 as v2_module
+from numad.cgroup import CgroupBackend, CgroupPath, detect_backend
+from numad.cgroup.hierarchy import SCRATCH_MARKER
+from numad.cgroup.v1 import CgroupV1Backend
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.scratch import make_scratch_v1, make_scratch_v2
@@ -197,13 +193,13 @@ def test_v2_ensure_writes_plus_cpuset_only_where_missing(
     v2: Scratch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[tuple[str, str]] = []
-    real_write = cgroup_module._write_file
+    real_write = v2_module._write_file
 
     def spy(path: Path, value: str) -> None:
         writes.append((str(path.relative_to(v2.root)), value))
         real_write(path, value)
 
-    monkeypatch.setattr(cgroup_module, "_write_file", spy)
+    monkeypatch.setattr(v2_module, "_write_file", spy)
     v2.backend.ensure("numad.slice/db")
     # The scratch root already had cpuset enabled for system.slice.
     assert writes == [("numad.slice/cgroup.subtree_control", "cpuset")]
@@ -253,13 +249,13 @@ def test_v2_without_emulation_writes_only_cpuset_and_subtree_control(
     make_scratch_v2(root, ALL_CPUS, ALL_MEMS)
     backend = CgroupV2Backend(root, ["numad.slice"])
     written: list[str] = []
-    real_write = cgroup_module._write_file
+    real_write = v2_module._write_file
 
     def spy(path: Path, value: str) -> None:
         written.append(path.name)
         real_write(path, value)
 
-    monkeypatch.setattr(cgroup_module, "_write_file", spy)
+    monkeypatch.setattr(v2_module, "_write_file", spy)
     backend.ensure("numad.slice")
     assert (root / "cgroup.subtree_control").read_text() == "+cpuset\n"  # no kernel to list it
     assert list((root / "numad.slice").iterdir()) == []  # nor to populate it
@@ -395,7 +391,7 @@ def test_v2_errno_becomes_a_cgroup_error(
     def refuse(path: Path, value: str) -> None:
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(cgroup_module, "_write_file", refuse)
+    monkeypatch.setattr(v2_module, "_write_file", refuse)
     with pytest.raises(CgroupError) as caught:
         v2.backend.write("numad.slice/db", cpus("0-1"), None)
     err = caught.value

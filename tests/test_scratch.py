@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from numad.cgroup import CgroupV1Backend, CgroupV2Backend
+from numad.cgroup.v1 import CgroupV1Backend
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.scratch import make_scratch_v1, make_scratch_v2, scratch_mkdir

@@ -1,0 +1,153 @@
+"""The unified (v2) hierarchy: cpusets written with plain file writes.
+
+The cgroup layer (the last stage, run after the checkpoint). Touches only the
+hierarchy under its root, through ``Hierarchy``'s checks. One write reaches
+above a managed root: ``+cpuset`` in an ancestor's ``cgroup.subtree_control``,
+made only where cpuset is not enabled yet, because without it the managed
+cgroups have no cpuset files.
+
+Kernel behaviour callers rely on (reference/vm-testbed.md, step 4): a child's
+effective set is its configured set masked by the parent's effective set, or
+the parent's when that is empty, so an empty ``cpuset.cpus`` means "inherit";
+a cpuset with tasks cannot become empty (ENOSPC); ids beyond the possible CPUs
+give ERANGE, other bad lists EINVAL. With ``emulate_kernel``, ``numad.scratch``
+does the kernel's part in a scratch tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from numad.cgroup.hierarchy import Hierarchy
+from numad.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import CgroupError
+
+if TYPE_CHECKING:
+    from numad.scratch import KernelV2
+
+
+def _write_file(path: Path, value: str) -> None:
+    """Write ``value`` in one open, one write() and one close, as cgroupfs wants.
+
+    Unbuffered, so that the kernel's verdict comes from this write(), not from a
+    flush at close. Opened without O_CREAT (cgroupfs files exist or their
+    controller is off, and a scratch tree must not grow a file the kernel would
+    not have) and without following links (cgroupfs has none). An empty value
+    goes out as a lone newline: a zero-length write() changes nothing.
+    """
+    with open(path, "wb", buffering=0, opener=_open_existing) as f:
+        f.write(f"{value}\n".encode())
+
+
+def _open_existing(path: str, flags: int) -> int:
+    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _parse_pids(text: str) -> list[int]:
+    return [int(line) for line in text.split()]
+
+
+class CgroupV2Backend(Hierarchy):
+    """The unified (v2) hierarchy, written with plain file writes."""
+
+    def __init__(
+        self,
+        root: Path,
+        managed_roots: Iterable[CgroupPath | str] = DEFAULT_MANAGED_ROOTS,
+        *,
+        emulate_kernel: bool = False,
+    ) -> None:
+        super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
+        self._kernel: KernelV2 | None = None
+        if emulate_kernel:
+            # numad.scratch builds on this package; only scratch trees need it.
+            from numad.scratch import KernelV2  # noqa: PLC0415
+
+            self._kernel = KernelV2()
+
+    def ensure(self, path: CgroupPath | str) -> None:
+        """Make ``path`` exist with cpuset enabled in every ancestor's subtree_control."""
+        cg, managed, _ = self._locate(path)
+        levels = self._levels(cg, managed)
+        for (parent, parent_dir), (child, child_dir) in itertools.pairwise(levels):
+            self._enable_cpuset(parent, parent_dir)
+            if not child_dir.is_dir():
+                with self._failures(child, "creating the cgroup", parent_dir):
+                    if self._kernel is not None:
+                        self._kernel.mkdir(child_dir)
+                    else:
+                        child_dir.mkdir(exist_ok=True)
+
+    def write(self, path: CgroupPath | str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        """Write cpuset.cpus, then cpuset.mems; None leaves a file alone, empty inherits."""
+        cg, _, d = self._locate(path)
+        if cpus is not None:
+            self._write(cg, d / "cpuset.cpus", cpus.format_list())
+        if mems is not None:
+            self._write(cg, d / "cpuset.mems", mems.format_list())
+
+    def read(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
+        """The configured sets (empty: inherited from the parent)."""
+        cg, _, d = self._locate(path)
+        with self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
+            cpus = (d / "cpuset.cpus").read_text()
+            mems = (d / "cpuset.mems").read_text()
+            return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
+
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        """Nothing to do: v2 keeps a CPU in cpuset.cpus while it is offline."""
+
+    def read_effective(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
+        """What the kernel applies; empty sets where the effective files are missing."""
+        cg, _, d = self._locate(path)
+        with self._failures(cg, "reading the effective cpuset", d):
+            cpus = _read_optional(d / "cpuset.cpus.effective")
+            mems = _read_optional(d / "cpuset.mems.effective")
+            return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
+
+    def processes(self, path: CgroupPath | str) -> list[int]:
+        cg, _, d = self._locate(path)
+        with self._failures(cg, "reading cgroup.procs", d):
+            return _parse_pids((d / "cgroup.procs").read_text())
+
+    def _enable_cpuset(self, cg: CgroupPath, d: Path) -> None:
+        with self._failures(cg, "reading its controllers", d):
+            if "cpuset" in (d / "cgroup.subtree_control").read_text().split():
+                return
+            available = (d / "cgroup.controllers").read_text().split()
+            populated = bool(cg.parts) and bool(_parse_pids((d / "cgroup.procs").read_text()))
+        if "cpuset" not in available:
+            raise CgroupError(
+                self._subject(cg),
+                "the cpuset controller is not available here (not in cgroup.controllers)",
+                "enable it in the parent's cgroup.subtree_control; at the root, cpuset is"
+                " bound to a v1 hierarchy or not built into the kernel",
+            )
+        if populated:
+            # cpuset is threaded-capable, so the kernel accepts "+cpuset" here, but the
+            # cgroup becomes a threaded root whose new children refuse tasks (EOPNOTSUPP).
+            raise CgroupError(
+                self._subject(cg),
+                "has processes, so enabling cpuset for its children would leave them unusable",
+                "move its processes into a leaf cgroup first",
+            )
+        self._write(cg, d / "cgroup.subtree_control", "+cpuset")
+
+    def _write(self, cg: CgroupPath, file: Path, value: str) -> None:
+        with self._failures(cg, f"writing {value!r} to {file.name}", file.parent):
+            if self._kernel is not None:
+                self._kernel.write(file, value, _write_file)
+            else:
+                _write_file(file, value)
+
+
+def _read_optional(file: Path) -> str:
+    try:
+        return file.read_text()
+    except FileNotFoundError:
+        return ""
