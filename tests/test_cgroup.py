@@ -9,6 +9,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -399,6 +403,73 @@ def test_v2_errno_becomes_a_cgroup_error(
     assert "writing '0-1' to cpuset.cpus" in str(err)
     assert meaning in str(err)
     assert isinstance(err.__cause__, OSError)
+
+
+@pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "a-reader"])
+def test_v2_write_refuses_a_fifo_at_once(v2: Scratch, reader: bool) -> None:
+    """A FIFO planted at cpuset.cpus in a scratch tree fails the write instead of
+    blocking it (no reader: the open would wait) or feeding it (a reader waiting)."""
+    v2.backend.ensure("numad.slice/db")
+    fifo = v2.root / "numad.slice/db/cpuset.cpus"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    listening = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else None
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            v2.backend.write("numad.slice/db", cpus("0-1"), None)
+            outcome.append(None)
+        except CgroupError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=write, daemon=True)
+    worker.start()
+    worker.join(5)
+    try:
+        assert not worker.is_alive(), "the write blocked on a FIFO"
+        if listening is not None:
+            assert os.read(listening, 64) == b""  # nothing went into the pipe
+    finally:
+        if listening is not None:
+            os.close(listening)
+    err = outcome[0]
+    assert isinstance(err, CgroupError)
+    assert err.subject == str(v2.root / "numad.slice/db")
+    assert "writing '0-1' to cpuset.cpus: " in str(err)
+    assert "not a regular file" in str(err)
+
+
+def test_v2_short_write_is_a_cgroup_error(v2: Scratch) -> None:
+    """A write() the kernel cuts short fails, naming the file. The cut is real: a
+    child process whose file size limit (RLIMIT_FSIZE) leaves room for 2 bytes."""
+    v2.backend.ensure("numad.slice/db")
+    script = textwrap.dedent(
+        f"""
+        import resource, signal
+        from numad.cgroup.v2 import CgroupV2Backend
+        from numad.cpuset import CPUSet
+        from numad.errors import CgroupError
+
+        backend = CgroupV2Backend({str(v2.root)!r}, ["numad.slice"])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2, hard))
+        try:
+            backend.write("numad.slice/db", CPUSet([0, 1]), None)
+            outcome = "written"
+        except CgroupError as err:
+            outcome = str(err)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        print(outcome)
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert (v2.root / "numad.slice/db/cpuset.cpus").read_text() == "0-"  # the kernel's cut
+    assert run.stdout.startswith(f"{v2.root / 'numad.slice/db'}: writing '0-1' to cpuset.cpus: ")
+    assert "short write: 2 of 4 bytes" in run.stdout
 
 
 def test_writing_a_removed_cgroup_says_it_is_gone(scratch: Scratch) -> None:

@@ -149,6 +149,11 @@ _MEANINGS: Mapping[int, tuple[str, str | None]] = {
     errno.EACCES: _PERMISSION,
     errno.EPERM: _PERMISSION,
     errno.ELOOP: ("the file is a symbolic link, which cgroupfs never has", "remove the link"),
+    # What v2's writer makes of a FIFO, socket or device (cgroupfs files are regular).
+    errno.ENXIO: (
+        "the file is not a regular file (a FIFO, socket or device), which cgroupfs never has",
+        "remove it",
+    ),
 }
 
 

@@ -16,8 +16,10 @@ does the kernel's part in a scratch tree.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,18 +36,34 @@ if TYPE_CHECKING:
 def _write_file(path: Path, value: str) -> None:
     """Write ``value`` in one open, one write() and one close, as cgroupfs wants.
 
-    Unbuffered, so that the kernel's verdict comes from this write(), not from a
-    flush at close. Opened without O_CREAT (cgroupfs files exist or their
-    controller is off, and a scratch tree must not grow a file the kernel would
-    not have) and without following links (cgroupfs has none). An empty value
+    One unbuffered write(), so that the kernel's verdict comes from it, not from
+    a flush at close. A write() that takes fewer bytes than given raises OSError
+    rather than leave the rest unwritten: cgroupfs takes a whole value or
+    refuses it, so a short count means the file is not what it should be.
+
+    Opened without O_CREAT (cgroupfs files exist or their controller is off, and
+    a scratch tree must not grow a file the kernel would not have), without
+    following links (cgroupfs has none), and with O_NONBLOCK, which changes
+    nothing for a regular file (kernfs ignores it) but makes a FIFO planted in a
+    scratch tree fail the open (ENXIO, no reader) instead of blocking it; a FIFO
+    with a reader, a socket or a device fails the fstat check. An empty value
     goes out as a lone newline: a zero-length write() changes nothing.
     """
-    with open(path, "wb", buffering=0, opener=_open_existing) as f:
-        f.write(f"{value}\n".encode())
-
-
-def _open_existing(path: str, flags: int) -> int:
-    return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    data = f"{value}\n".encode()
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    try:
+        # Safe on a real hierarchy: cgroupfs interface files are kernfs nodes, which
+        # the kernel creates as regular files (fs/kernfs/file.c, __kernfs_create_file:
+        # "(mode & S_IALLUGO) | S_IFREG"); stat shows them as S_IFREG 0644 or 0444.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.ENXIO, os.strerror(errno.ENXIO), str(path))
+        written = os.write(fd, data)
+        if written != len(data):
+            problem = f"short write: {written} of {len(data)} bytes"
+            raise OSError(errno.EIO, problem, str(path))
+    finally:
+        os.close(fd)
 
 
 def _parse_pids(text: str) -> list[int]:
