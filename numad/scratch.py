@@ -15,7 +15,8 @@ to the configured ones.
 It writes only inside trees holding ``SCRATCH_MARKER`` (a regular file, which
 cgroupfs refuses to create), and writes the kernel's files only as regular files,
 never through a link: a link planted in a scratch cgroup cannot carry a write out
-of the tree.
+of the tree. It reads them only as regular files too, so a FIFO planted in the
+tree fails at once instead of blocking numad.
 """
 
 from __future__ import annotations
@@ -123,20 +124,11 @@ def _kernel_files(d: Path, files: Mapping[str, str]) -> None:
 def _kernel_write(file: Path, text: str) -> None:
     """Create or replace ``file`` as a regular file, never through a link.
 
-    O_NOFOLLOW refuses a link (ELOOP); O_NONBLOCK makes a FIFO without a reader
-    fail (ENXIO) instead of blocking; the file is truncated only once fstat says
-    it is a regular file, so no FIFO or device is written either.
+    The file is truncated only once ``_open_regular`` has seen a regular file, so
+    no FIFO or device is written either.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = _open_regular(file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW)
     try:
-        fd = os.open(file, flags, 0o644)
-    except OSError as err:
-        if err.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise
-        raise _not_regular(file) from err
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _not_regular(file)
         os.ftruncate(fd, 0)
         data = text.encode()
         while data:
@@ -145,17 +137,48 @@ def _kernel_write(file: Path, text: str) -> None:
         os.close(fd)
 
 
+def _kernel_read(file: Path) -> str:
+    """The text of a file the kernel keeps; a FIFO or device is refused, not waited on."""
+    fd = _open_regular(file, os.O_RDONLY)
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def _open_regular(file: Path, flags: int) -> int:
+    """``file`` opened with ``flags`` if it is a regular file; else ``_not_regular``.
+
+    O_NOFOLLOW (where given) refuses a link (ELOOP); O_NONBLOCK makes a FIFO open
+    at once, or fail (ENXIO) for a writer without a reader, instead of waiting
+    for its other end; fstat then refuses whatever is not a regular file.
+    """
+    try:
+        fd = os.open(file, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        raise _not_regular(file) from err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_regular(file)
+    return fd
+
+
 def _not_regular(file: Path) -> CgroupError:
     return CgroupError(
         str(file),
         "is not a regular file (a link, FIFO, socket, device or directory), and the"
-        " emulated kernel writes only regular files in a scratch tree",
+        " emulated kernel reads and writes only regular files in a scratch tree",
         "remove it",
     )
 
 
 def _ids(kind: type[_S], file: Path) -> _S:
-    return kind.parse_list(file.read_text())
+    return kind.parse_list(_kernel_read(file))
 
 
 class KernelV2:
@@ -163,7 +186,7 @@ class KernelV2:
 
     def mkdir(self, d: Path) -> None:
         d.mkdir()
-        enabled = (d.parent / "cgroup.subtree_control").read_text().split()
+        enabled = _kernel_read(d.parent / "cgroup.subtree_control").split()
         files = {"cgroup.controllers": " ".join(enabled), "cgroup.subtree_control": ""}
         _kernel_files(d, files | {"cgroup.procs": "", "cgroup.type": "domain"})
         if "cpuset" in enabled:
@@ -190,8 +213,8 @@ class KernelV2:
     def _subtree_control(
         self, d: Path, value: str, write_file: Callable[[Path, str], None]
     ) -> None:
-        available = (d / "cgroup.controllers").read_text().split()
-        enabled = set((d / "cgroup.subtree_control").read_text().split())
+        available = _kernel_read(d / "cgroup.controllers").split()
+        enabled = set(_kernel_read(d / "cgroup.subtree_control").split())
         for token in value.split():
             if token[:1] not in ("+", "-") or token[1:] not in available:
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(d))
@@ -245,12 +268,12 @@ class KernelV1:
         # Without cgroup.sane_behavior a v1 cpuset's effective sets are its own.
         for name in ("cpus", "mems"):
             if (d / f"cpuset.effective_{name}").exists():
-                text = (d / f"cpuset.{name}").read_text().strip()
+                text = _kernel_read(d / f"cpuset.{name}").strip()
                 _kernel_files(d, {f"cpuset.effective_{name}": text})
 
 
 def _has_tasks(d: Path) -> bool:
-    return bool([int(pid) for pid in (d / "cgroup.procs").read_text().split()])
+    return bool([int(pid) for pid in _kernel_read(d / "cgroup.procs").split()])
 
 
 def _children(d: Path) -> list[Path]:

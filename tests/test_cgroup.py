@@ -405,6 +405,26 @@ def test_v2_errno_becomes_a_cgroup_error(
     assert isinstance(err.__cause__, OSError)
 
 
+def _fails_at_once(action: Callable[[], object]) -> CgroupError:
+    """The CgroupError ``action`` raises, run in a thread joined within 5 s, so that a
+    backend blocked on a FIFO fails the test instead of hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            action()
+            outcome.append(None)
+        except CgroupError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "the backend blocked on a FIFO"
+    assert isinstance(outcome[0], CgroupError), "no CgroupError"
+    return outcome[0]
+
+
 @pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "a-reader"])
 def test_v2_write_refuses_a_fifo_at_once(v2: Scratch, reader: bool) -> None:
     """A FIFO planted at cpuset.cpus in a scratch tree fails the write instead of
@@ -414,29 +434,48 @@ def test_v2_write_refuses_a_fifo_at_once(v2: Scratch, reader: bool) -> None:
     fifo.unlink()
     os.mkfifo(fifo)
     listening = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else None
-    outcome: list[BaseException | None] = []
-
-    def write() -> None:
-        try:
-            v2.backend.write("numad.slice/db", cpus("0-1"), None)
-            outcome.append(None)
-        except CgroupError as err:
-            outcome.append(err)
-
-    worker = threading.Thread(target=write, daemon=True)
-    worker.start()
-    worker.join(5)
     try:
-        assert not worker.is_alive(), "the write blocked on a FIFO"
+        err = _fails_at_once(lambda: v2.backend.write("numad.slice/db", cpus("0-1"), None))
         if listening is not None:
             assert os.read(listening, 64) == b""  # nothing went into the pipe
     finally:
         if listening is not None:
             os.close(listening)
-    err = outcome[0]
-    assert isinstance(err, CgroupError)
     assert err.subject == str(v2.root / "numad.slice/db")
     assert "writing '0-1' to cpuset.cpus: " in str(err)
+    assert "not a regular file" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("name", "action", "reading"),
+    [
+        pytest.param(
+            "cpuset.cpus", CgroupV2Backend.read, "reading cpuset.cpus and cpuset.mems", id="read"
+        ),
+        pytest.param(
+            "cpuset.mems.effective",
+            CgroupV2Backend.read_effective,
+            "reading the effective cpuset",
+            id="read_effective",
+        ),
+        pytest.param(
+            "cgroup.procs", CgroupV2Backend.processes, "reading cgroup.procs", id="processes"
+        ),
+    ],
+)
+def test_v2_reads_refuse_a_fifo_at_once(
+    v2: Scratch, name: str, action: Callable[[CgroupV2Backend, str], object], reading: str
+) -> None:
+    """Reads fail at once on a FIFO too (the drift check reads every managed cgroup),
+    instead of waiting for a writer that never comes."""
+    v2.backend.ensure("numad.slice/db")
+    (v2.root / "numad.slice/db" / name).unlink()
+    os.mkfifo(v2.root / "numad.slice/db" / name)
+    backend = v2.backend
+    assert isinstance(backend, CgroupV2Backend)
+    err = _fails_at_once(lambda: action(backend, "numad.slice/db"))
+    assert err.subject == str(v2.root / "numad.slice/db")
+    assert f"{reading}: " in str(err)
     assert "not a regular file" in str(err)
 
 

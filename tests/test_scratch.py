@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,26 +48,44 @@ def test_emulation_writes_no_file_through_a_link(tmp_path: Path, kind: str) -> N
     assert (db / effective).is_symlink()
 
 
+def _fails_at_once(action: Callable[[], object]) -> CgroupError:
+    """The CgroupError ``action`` raises, run in a thread joined within 5 s, so that
+    emulation blocked on a FIFO fails the test instead of hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            action()
+            outcome.append(None)
+        except CgroupError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "the emulated kernel blocked on a FIFO"
+    assert isinstance(outcome[0], CgroupError), "no CgroupError"
+    return outcome[0]
+
+
 def test_emulation_writes_no_fifo(tmp_path: Path) -> None:
     """A FIFO where the kernel's file should be fails at once (no reader: no block)."""
     backend, db, effective = _backend("v2", tmp_path)
     (db / effective).unlink()
     os.mkfifo(db / effective)
-    outcome: list[BaseException | None] = []
+    err = _fails_at_once(lambda: backend.write("numad.slice/db", CPUSet([0, 1]), None))
+    assert "not a regular file" in str(err)
 
-    def write() -> None:
-        try:
-            backend.write("numad.slice/db", CPUSet([0, 1]), None)
-            outcome.append(None)
-        except CgroupError as err:
-            outcome.append(err)
 
-    worker = threading.Thread(target=write, daemon=True)
-    worker.start()
-    worker.join(5)
-    assert not worker.is_alive(), "the emulated kernel blocked on a FIFO"
-    assert isinstance(outcome[0], CgroupError)
-    assert "not a regular file" in str(outcome[0])
+def test_emulation_reads_no_fifo(tmp_path: Path) -> None:
+    """A FIFO at a child's cpuset.cpus fails the parent's write at once: the emulated
+    kernel reads it to refresh the child's effective set, and waits for no writer."""
+    backend, db, _ = _backend("v2", tmp_path)
+    (db / "cpuset.cpus").unlink()
+    os.mkfifo(db / "cpuset.cpus")
+    err = _fails_at_once(lambda: backend.write("numad.slice", CPUSet([0, 1, 2]), None))
+    assert err.subject == str(db / "cpuset.cpus")
+    assert "not a regular file" in str(err)
 
 
 def test_scratch_mkdir_writes_no_file_through_a_link(tmp_path: Path) -> None:

@@ -40,30 +40,50 @@ def _write_file(path: Path, value: str) -> None:
     a flush at close. A write() that takes fewer bytes than given raises OSError
     rather than leave the rest unwritten: cgroupfs takes a whole value or
     refuses it, so a short count means the file is not what it should be.
-
     Opened without O_CREAT (cgroupfs files exist or their controller is off, and
-    a scratch tree must not grow a file the kernel would not have), without
-    following links (cgroupfs has none), and with O_NONBLOCK, which changes
-    nothing for a regular file (kernfs ignores it) but makes a FIFO planted in a
-    scratch tree fail the open (ENXIO, no reader) instead of blocking it; a FIFO
-    with a reader, a socket or a device fails the fstat check. An empty value
-    goes out as a lone newline: a zero-length write() changes nothing.
+    a scratch tree must not grow a file the kernel would not have) and without
+    following links (cgroupfs has none). An empty value goes out as a lone
+    newline: a zero-length write() changes nothing.
     """
     data = f"{value}\n".encode()
-    flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(path, flags)
+    fd = _open_regular(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
     try:
-        # Safe on a real hierarchy: cgroupfs interface files are kernfs nodes, which
-        # the kernel creates as regular files (fs/kernfs/file.c, __kernfs_create_file:
-        # "(mode & S_IALLUGO) | S_IFREG"); stat shows them as S_IFREG 0644 or 0444.
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.ENXIO, os.strerror(errno.ENXIO), str(path))
         written = os.write(fd, data)
         if written != len(data):
             problem = f"short write: {written} of {len(data)} bytes"
             raise OSError(errno.EIO, problem, str(path))
     finally:
         os.close(fd)
+
+
+def _read_file(path: Path) -> str:
+    """A cgroup file's text, read to its end."""
+    fd = _open_regular(path, os.O_RDONLY)
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """``path`` opened with ``flags``, refused (ENXIO) unless it is a regular file.
+
+    With O_NONBLOCK, which changes nothing for a regular file (kernfs ignores
+    it), a FIFO planted in a scratch tree fails or opens at once (ENXIO for a
+    writer without a reader) instead of waiting for its other end; fstat then
+    refuses a FIFO, socket or device. Safe on a real hierarchy: cgroupfs
+    interface files are kernfs nodes, which the kernel creates as regular files
+    (fs/kernfs/file.c, __kernfs_create_file: "(mode & S_IALLUGO) | S_IFREG"), and
+    stat shows them as S_IFREG 0644 or 0444.
+    """
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.ENXIO, os.strerror(errno.ENXIO), str(path))
+    return fd
 
 
 def _parse_pids(text: str) -> list[int]:
@@ -113,8 +133,8 @@ class CgroupV2Backend(Hierarchy):
         """The configured sets (empty: inherited from the parent)."""
         cg, _, d = self._locate(path)
         with self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
-            cpus = (d / "cpuset.cpus").read_text()
-            mems = (d / "cpuset.mems").read_text()
+            cpus = _read_file(d / "cpuset.cpus")
+            mems = _read_file(d / "cpuset.mems")
             return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
 
     def restore_cpus(self, cpus: CPUSet) -> None:
@@ -131,14 +151,14 @@ class CgroupV2Backend(Hierarchy):
     def processes(self, path: CgroupPath | str) -> list[int]:
         cg, _, d = self._locate(path)
         with self._failures(cg, "reading cgroup.procs", d):
-            return _parse_pids((d / "cgroup.procs").read_text())
+            return _parse_pids(_read_file(d / "cgroup.procs"))
 
     def _enable_cpuset(self, cg: CgroupPath, d: Path) -> None:
         with self._failures(cg, "reading its controllers", d):
-            if "cpuset" in (d / "cgroup.subtree_control").read_text().split():
+            if "cpuset" in _read_file(d / "cgroup.subtree_control").split():
                 return
-            available = (d / "cgroup.controllers").read_text().split()
-            populated = bool(cg.parts) and bool(_parse_pids((d / "cgroup.procs").read_text()))
+            available = _read_file(d / "cgroup.controllers").split()
+            populated = bool(cg.parts) and bool(_parse_pids(_read_file(d / "cgroup.procs")))
         if "cpuset" not in available:
             raise CgroupError(
                 self._subject(cg),
@@ -166,6 +186,6 @@ class CgroupV2Backend(Hierarchy):
 
 def _read_optional(file: Path) -> str:
     try:
-        return file.read_text()
+        return _read_file(file)
     except FileNotFoundError:
         return ""
