@@ -39,6 +39,12 @@ values of the wrong type or outside their range, are errors naming the key
     [metrics]
     listen = "127.0.0.1"
     port = 9477                       # 0: any free port (shown in /v1/health)
+
+    [host]
+    isolate = true                    # cgroups in the managed roots that are no
+                                      # workload's run on the shared pool (and reserved
+                                      # CPUs), never on exclusive CPUs; given every CPU
+                                      # back when numad stops
 """
 
 from __future__ import annotations
@@ -58,13 +64,14 @@ from numad.policy import Policy
 from numad.scope import Scope
 
 DEFAULT_PATH = Path("/etc/numad/numad.toml")
-_SECTIONS = {"topology", "cpu", "memory", "devices", "paths", "daemon", "metrics"}
+_SECTIONS = {"topology", "cpu", "memory", "devices", "paths", "daemon", "metrics", "host"}
 _KEYS = {
     "topology": {"policy", "scope", "options"},
     "cpu": {"reserved-cpus", "reserved-count", "options"},
     "memory": {"policy", "reserved"},
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
     "daemon": {"reconcile-seconds", "release-grace-seconds"},
+    "host": {"isolate"},
     "metrics": {"listen", "port"},
 }
 _DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses"}
@@ -106,6 +113,7 @@ class Config:
     metrics_port: int = 9477
     reconcile_seconds: float = 10.0
     release_grace_seconds: float = 30.0
+    isolate: bool = True
 
 
 _DEFAULT = Config()
@@ -152,6 +160,7 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
         release_grace_seconds=daemon.seconds(
             "release-grace-seconds", d.release_grace_seconds, 0, 86400
         ),
+        isolate=section["host"].boolean("isolate", d.isolate),
     )
 
 

@@ -75,9 +75,11 @@ class Daemon(Views, Reconciler):
         self.outcomes: dict[str, Outcome] = {}
         self.unplaced: dict[str, str] = {}  # admitted, holding nothing: the reason
         self.orphans: set[str] = set()  # released cgroups that still exist
+        self.others: set[str] = set()  # no workload's, isolated from exclusive CPUs
         self.seen: set[str] = set()  # workloads whose cgroup has existed
         self.gone_since: dict[str, float] = {}  # workload -> when its cgroups went
         self.rediscover_pending = False
+        self.stopped = False
         self.syscalls = state.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
         self.passes = 0
         self.repairs = 0
@@ -310,7 +312,7 @@ class Daemon(Views, Reconciler):
             self.log.info("workload_released", workload=name)
 
     def _enforce(self, step: Callable[[str], None] | None = None) -> None:
-        wanted = targets(self.books, self.specs, self.orphans)
+        wanted = targets(self.books, self.specs, self.orphans, self.others)
         self.enforcer.apply(wanted, self.books.cpu.shared_pool, step)
 
     def _after_commit(self, step: Callable[[], None]) -> None:

@@ -14,7 +14,7 @@ is never in an exclusive set and another cgroup at once, whatever fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ class Cgroups(Protocol):
     def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
     def restore_cpus(self, cpus: CPUSet) -> None: ...
+    def descendants(self, path: str) -> list[str]: ...
 
 
 class Log(Protocol):
@@ -54,11 +55,15 @@ class Target:
 
 
 def targets(
-    books: Books, specs: Mapping[str, WorkloadSpec], orphans: Iterable[str]
+    books: Books,
+    specs: Mapping[str, WorkloadSpec],
+    orphans: Iterable[str],
+    others: Iterable[str] = (),
 ) -> list[Target]:
     """Every cgroup numad writes, in write order: released cgroups that still exist
-    (their processes must leave the CPUs numad hands out next), then each
-    workload's containers. Unplaced workloads hold nothing and follow the pool."""
+    (their processes must leave the CPUs numad hands out next) and the other
+    cgroups it isolates (``others``), then each workload's containers. Unplaced
+    workloads hold nothing and follow the pool."""
     pool = books.cpu.shared_pool
     out: list[Target] = []
     owned: set[str] = set()
@@ -73,7 +78,8 @@ def targets(
                 out.append(Target(path, p.cpus.bits, mems, exclusive=True))
             else:
                 out.append(Target(path, pool, mems, exclusive=False))
-    released = [Target(p, pool, None, exclusive=False) for p in sorted(set(orphans) - owned)]
+    shared = sorted((set(orphans) | set(others)) - owned)
+    released = [Target(p, pool, None, exclusive=False) for p in shared]
     return released + out
 
 
@@ -97,6 +103,26 @@ class Enforcer:
         # written there (or recorded in the checkpoint), until a shared write or
         # its removal. No other cgroup is given these CPUs meanwhile.
         self.grants: dict[str, int] = {}
+
+    def unmanaged(self, roots: Iterable[str], specs: Collection[WorkloadSpec]) -> set[str]:
+        """The cgroups inside the managed roots that are no workload's: not a
+        container's cgroup, nor above one (a pod's), nor below one (the
+        container's own business: it only sees the container's CPUs)."""
+        mine = {s.container_cgroup(c) for s in specs for c in s.containers}
+        found = set()
+        for root in roots:
+            try:
+                below = self.cgroups.descendants(root)
+            except NumadError as err:
+                self._failed(root, err)
+                continue
+            for path in below:
+                related = any(
+                    path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in mine
+                )
+                if not related:
+                    found.add(path)
+        return found
 
     def exists(self, path: str) -> bool | None:
         """Whether the cgroup exists; None when that cannot be told (the fault is a

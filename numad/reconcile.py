@@ -48,9 +48,11 @@ class Reconciler:
     outcomes: dict[str, Outcome]
     unplaced: dict[str, str]
     orphans: set[str]
+    others: set[str]
     seen: set[str]
     gone_since: dict[str, float]
     rediscover_pending: bool
+    stopped: bool
     passes: int
     repairs: int
 
@@ -100,6 +102,8 @@ class Reconciler:
         cgroups."""
         started = time.perf_counter()
         with self.lock, self.metrics.reconcile_duration.time():
+            if self.stopped:  # a pass that waited for the lock while numad stopped
+                return
             self.passes += 1
             self._check_root()
             if self.health.has("checkpoint"):
@@ -110,6 +114,9 @@ class Reconciler:
             self.repairs += repairs
             self._releases()
             self._readmit()
+            if self.config.isolate:  # new ones are isolated as they appear
+                roots = self.config.paths.managed_roots
+                self.others = self.enforcer.unmanaged(roots, self.specs.values()) - self.orphans
             self._enforce()  # raises to the supervisor: counted, shown, retried
             self.health.clear("enforce")
             self._settle_orphans()
@@ -178,3 +185,15 @@ class Reconciler:
                 return
             for path in settled - owned:
                 self.enforcer.forget(path)
+
+    def stop(self) -> None:
+        """numad stops: the cgroups it isolated get every CPU back (their parent's)."""
+        with self.lock:
+            self.stopped = True
+            for path in sorted(self.others):
+                try:  # empty: v2 inherits the parent's CPUs, v1 copies them
+                    self.cgroups.write(path, CPUSet(), None)
+                except NumadError as err:
+                    self.log.error("cgroup_reset_failed", cgroup=path, problem=str(err))
+                self.enforcer.forget(path)
+            self.others = set()

@@ -102,6 +102,7 @@ def serve(args: argparse.Namespace) -> int:
     server.serve_forever(poll_interval=0.5)
     server.server_close()
     metrics_server.shutdown()
+    daemon.stop()  # the cgroups numad isolated get every CPU back
     lock.release()
     daemon.log.info("daemon_stopped")
     return 0
@@ -130,6 +131,9 @@ class _NoCgroups:
 
     def restore_cpus(self, cpus: CPUSet) -> None:
         return None
+
+    def descendants(self, path: str) -> list[str]:
+        return []
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()

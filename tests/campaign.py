@@ -50,6 +50,7 @@ from numad.service import build
 MACHINE = "32intel64-2p8co2t+8ve"  # 32 CPUs, 2 nodes, 8 vector engines
 ALL = CPUSet.parse_list("0-31")
 NAMES = [f"w{i}" for i in range(12)]
+STRAYS = ["x0", "x1", "x2/inner"]
 VE_DEVICES = ["0000:1b:00.0", "0000:1c:00.0", "0000:3d:00.0"]  # of its 8 vector engines
 ERRNOS = ("EBUSY", "EINVAL", "ENOSPC", "EACCES")
 
@@ -305,7 +306,7 @@ class Simulation:
                 self.answered.add(name)
 
     def cgroup_churn(self) -> None:
-        name = self.rng.choice(NAMES)
+        name = self.rng.choice(NAMES + STRAYS)  # strays are never admitted: isolated
         path = self.cgroups / "numad.slice" / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -394,6 +395,17 @@ class Simulation:
         if left:
             raise Violation(f"problems left after the faults stopped: {self.daemon.problems}")
         books = self.daemon.books
+        mine = {spec.cgroup for spec in self.daemon.specs.values()}
+        for f in (self.cgroups / "numad.slice").glob("**/*/cpuset.cpus"):  # below the root
+            stray = str(f.parent.relative_to(self.cgroups))
+            if any(
+                stray == m or m.startswith(f"{stray}/") or stray.startswith(f"{m}/") for m in mine
+            ):
+                continue
+            cpus = CPUSet.parse_list(f.read_text()).bits
+            if not cpus or cpus & books.cpu.exclusive:
+                where = CPUSet.from_bits(cpus).format_list() or "every CPU (inherited)"
+                raise Violation(f"{stray}, no workload's, runs on {where}")
         for name, spec in self.daemon.specs.items():
             path = self.cgroups / spec.cgroup / "cpuset.cpus"
             if not path.exists():

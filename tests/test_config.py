@@ -42,6 +42,7 @@ def test_the_documented_example_parses() -> None:
     example = doc[doc.index("    [topology]") :]
     config = parse(tomllib.loads(example))
     assert config.release_grace_seconds == 30.0
+    assert config.isolate
     assert config.topology_options == {"prefer-closest-numa-nodes": "true"}
     assert config.cpu_options == {"full-pcpus-only": True}
     assert config.device_classes == (DeviceClass("gpu", vendor="0x10de", class_prefix="0x0302"),)
@@ -60,6 +61,7 @@ def test_every_value_can_be_set() -> None:
         "paths": {"cgroup-root": "/cg", "managed-roots": ["a.slice", "b.slice"]},
         "daemon": {"release-grace-seconds": 0.5},
         "metrics": {"listen": "::1", "port": 0},
+        "host": {"isolate": False},
     }
     assert parse(raw) == Config(
         policy=Policy.SINGLE_NUMA_NODE,
@@ -77,6 +79,7 @@ def test_every_value_can_be_set() -> None:
         metrics_listen="::1",
         metrics_port=0,
         release_grace_seconds=0.5,
+        isolate=False,
     )
 
 
@@ -109,6 +112,7 @@ BAD = [
     # booleans only as TOML booleans: bool("false") is True
     _bad("[cpu.options]", "full-pcpus-only", "false", "not a boolean", "cpu-option-quoted"),
     _bad("[cpu.options]", "full-pcpus-only", 0, "not a boolean", "cpu-option-number"),
+    _bad("[host]", "isolate", "false", "not a boolean", "isolate-quoted"),
     _bad("[cpu]", "options", "x", "not a table", "cpu-options-str"),
     # enums list their values
     _bad("[memory]", "policy", "Static", "not one of static, none", "memory-policy-capital"),

@@ -367,3 +367,22 @@ def test_a_second_numad_on_the_same_state_exits_naming_the_first(numad: Numad) -
     assert "Traceback" not in second.stderr
     assert not (numad.root / "second.sock").exists()  # it stopped before the socket
     numad.call("GET", "/v1/health")  # the first one still answers on its socket
+
+
+def test_a_stray_cgroup_is_isolated_while_numad_runs_and_freed_when_it_stops(
+    numad: Numad,
+) -> None:
+    numad.stop()  # again, reconciling often
+    numad.config.write_text(CONFIG + "[daemon]\nreconcile-seconds = 0.5\n")
+    numad.start()
+    numad.call("POST", "/v1/workloads", _spec("db", 4))
+    scratch_mkdir(numad.cgroups, "numad.slice/stray")
+    stray = numad.cgroups / "numad.slice/stray/cpuset.cpus"
+    db = CPUSet.parse_list((numad.cgroups / "numad.slice/db/cpuset.cpus").read_text())
+    deadline = time.monotonic() + 20
+    while not stray.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert CPUSet.parse_list(stray.read_text())
+    assert not CPUSet.parse_list(stray.read_text()) & db
+    numad.stop()  # SIGTERM
+    assert stray.read_text().strip() == ""  # every CPU of its parent again

@@ -67,6 +67,17 @@ class Hierarchy:
     def exists(self, path: CgroupPath | str) -> bool:
         return self._locate(path)[2].is_dir()
 
+    def descendants(self, path: CgroupPath | str) -> list[str]:
+        """Every cgroup below ``path`` (not ``path`` itself), from the hierarchy root,
+        parents first. Links are not followed: cgroupfs has none."""
+        cg, _, d = self._locate(path)
+        found: list[str] = []
+        with self._failures(cg, "listing the cgroups below it", d):
+            for directory, children, _ in os.walk(d):
+                below = Path(directory).relative_to(d).parts
+                found += ["/".join((*cg.parts, *below, child)) for child in sorted(children)]
+        return found
+
     # -- paths -----------------------------------------------------------------------------
 
     def _subject(self, cg: CgroupPath) -> str:

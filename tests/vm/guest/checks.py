@@ -361,6 +361,18 @@ def test_rejected_workload_leaves_no_trace(numad: Daemon) -> None:
     check_invariants(numad)
 
 
+def test_a_cgroup_that_is_no_workloads_stays_off_exclusive_cpus(numad: Daemon) -> None:
+    taken = exclusive_cpus(numad)
+    assert taken  # an exclusive workload is admitted by now
+    pool = ONLINE - taken
+    make_cgroup("stray")  # under numad.slice, never admitted
+    # The next reconcile pass isolates it (v1 takes no process before it has CPUs).
+    isolated = lambda: CPUSet.parse_list(cpuset_file("stray", "cpus")) == pool  # noqa: E731
+    wait_for(isolated, "numad to isolate the cgroup")
+    pid = start_in("stray")
+    assert allowed(pid)[0] == pool
+
+
 # -- crashes, drift, the kernel's own changes ----------------------------------------------
 
 
