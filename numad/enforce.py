@@ -5,11 +5,15 @@ Every write goes through ``Enforcer.write``, which reads the effective cpuset
 back, remembers what it wrote (for drift repair) and turns any failure into a
 problem that stays in ``/v1/health`` until a later write succeeds.
 
-``Enforcer.apply`` holds DESIGN invariant 4. The cgroups that follow the shared
-pool (released cgroups first, then shared containers and unplaced workloads)
-are written before any exclusive set, and an exclusive set is granted only
-where no shared cgroup that failed to shrink may still run on its CPUs: a CPU
-is never in an exclusive set and another cgroup at once, whatever fails.
+``Enforcer.apply`` holds DESIGN invariant 4: a CPU is never in an exclusive
+set and another cgroup at once, whatever fails. numad remembers per cgroup the
+exclusive CPUs its file may still hold (``grants``: the last exclusive set
+written there, kept in the checkpoint) until the file is rewritten or gone.
+The cgroups that follow the shared pool (released cgroups, cgroups that are
+no workload's, shared containers, unplaced workloads) never get a CPU that
+another cgroup may hold as a grant, and shrink before any exclusive set is
+written; an exclusive set is granted only once no other cgroup may run on its
+CPUs (a shared cgroup that failed to shrink, or an older grant elsewhere).
 """
 
 from __future__ import annotations
