@@ -104,17 +104,21 @@ def watchdog_loop(
     """Ping systemd's watchdog every ``interval`` seconds while the reconcile loop
     has completed a pass within ``stale_after`` seconds; otherwise say so and let
     the watchdog fire."""
-    withheld = False
-    while not stop.wait(interval):
+    withheld = [False]
+
+    def ping() -> None:
         if supervisor.progressing("reconcile", stale_after):
             notify.watchdog()
-            withheld = False
-        elif not withheld:
-            withheld = True
+            withheld[0] = False
+        elif not withheld[0]:
+            withheld[0] = True
             supervisor.log.error(
                 "watchdog_withheld",
                 problem=f"no reconcile pass succeeded in {stale_after:g} s",
             )
+
+    while not stop.wait(interval):
+        supervisor.run_once("watchdog", ping)
 
 
 def periods(reconcile_seconds: float, watchdog: float | None) -> tuple[float, float]:
