@@ -13,6 +13,7 @@ Restoring lives in ``numad.restore``, rediscovery and the reconcile pass in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -132,7 +133,8 @@ class Daemon(Views, Reconciler):
         )
         if checkpoint is not None:
             self._restore(checkpoint)
-        self._commit(self.books, self.specs)
+        with contextlib.suppress(CheckpointError):  # not ready, said in health; retried
+            self._commit(self.books, self.specs)
         self.supervisor.run_once("reconcile", self.reconcile)
         self._declared()
         self.update_gauges()

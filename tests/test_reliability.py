@@ -208,6 +208,23 @@ def test_an_unwritable_checkpoint_changes_nothing_and_numad_is_not_ready_until_i
     assert _admit(daemon, "db", 4)
 
 
+def test_numad_starts_not_ready_on_an_unwritable_state_dir_and_recovers(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    again = Daemon(daemon.config, daemon.fs, daemon.cgroups, daemon.state_dir, daemon.log)
+    again.syscalls = state.Syscalls.injecting(state.Fault.EIO)
+    again.start()  # no crash loop under systemd: started, not ready, and says why
+    assert again.started
+    assert not again.ready
+    assert "db" in again.specs
+    assert any("numad cannot commit changes" in p for p in again.problems)
+    again.syscalls = state.SYSCALLS
+    again.reconcile()
+    assert again.ready
+
+
 def test_a_cgroup_fault_after_the_commit_still_admits_and_is_shown_until_it_heals(
     machines: Machines, tmp_path: Path
 ) -> None:
