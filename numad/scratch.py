@@ -31,7 +31,7 @@ from typing import TypeVar
 from numad.cgroup.hierarchy import SCRATCH_MARKER, is_scratch
 from numad.cgroup.path import CgroupPath
 from numad.cgroup.v1 import CgroupV1Backend
-from numad.cgroup.v2 import CgroupV2Backend
+from numad.cgroup.v2 import CgroupV2Backend, read_and_close
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 
@@ -139,14 +139,7 @@ def _kernel_write(file: Path, text: str) -> None:
 
 def _kernel_read(file: Path) -> str:
     """The text of a file the kernel keeps; a FIFO or device is refused, not waited on."""
-    fd = _open_regular(file, os.O_RDONLY)
-    try:
-        chunks: list[bytes] = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
+    return read_and_close(_open_regular(file, os.O_RDONLY))
 
 
 def _open_regular(file: Path, flags: int) -> int:

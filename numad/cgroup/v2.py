@@ -58,7 +58,11 @@ def _write_file(path: Path, value: str) -> None:
 
 def _read_file(path: Path) -> str:
     """A cgroup file's text, read to its end."""
-    fd = _open_regular(path, os.O_RDONLY)
+    return read_and_close(_open_regular(path, os.O_RDONLY))
+
+
+def read_and_close(fd: int) -> str:
+    """The text behind ``fd``, read to its end; ``fd`` is closed."""
     try:
         chunks: list[bytes] = []
         while chunk := os.read(fd, 1 << 16):
