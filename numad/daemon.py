@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from numad import state
+from numad import durable, state
 from numad.admission import Books, Engine, Outcome, admit, release
 from numad.cgroup import CgroupPath
 from numad.config import Config
@@ -81,7 +81,7 @@ class Daemon(Views, Reconciler):
         self.gone_since: dict[str, float] = {}  # workload -> when its cgroups went
         self.rediscover_pending = False
         self.stopped = False
-        self.syscalls = state.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
+        self.syscalls = durable.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
         self.passes = 0
         self.repairs = 0
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.

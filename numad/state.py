@@ -1,12 +1,12 @@
 """The checkpoint: every admitted workload and what it holds, versioned and checksummed.
 
-Edge module (the only one that writes numad's own state files). Written
-atomically before any cgroup changes (DESIGN invariant 3): a temp file in the
-same directory, every byte written and fsynced, rename over the old file, fsync
-of the directory. A write that fails at any step raises CheckpointError and
-leaves the previous checkpoint as it was. A checkpoint that cannot be read (bad
-JSON, bad checksum, unknown version, any part of the wrong shape) is moved
-aside, never deleted, and the caller rebuilds and says so.
+Edge module. Written atomically before any cgroup changes (DESIGN invariant
+3) through ``numad.durable``: a temp file in the same directory, every byte
+written and fsynced, rename over the old file, fsync of the directory. A
+write that fails at any step raises CheckpointError and leaves the previous
+checkpoint as it was. A checkpoint that cannot be read (bad JSON, bad
+checksum, unknown version, any part of the wrong shape) is moved aside, never
+deleted, and the caller rebuilds and says so.
 
 Only decisions are stored — which CPUs, memory splits and devices each
 container holds, and the specs — never tables derived from the machine, so a
@@ -16,22 +16,20 @@ what is still valid and reports the rest.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from numad.admission import Books
 from numad.cpuset import CPUSet, NodeSet
+from numad.durable import SYSCALLS, Syscalls, write_file
 from numad.errors import CheckpointError
 from numad.managers.memory import Block
 
@@ -41,7 +39,6 @@ FILE = "checkpoint.json"
 # beyond it is not parsed, so a damaged one cannot exhaust memory on restart.
 MAX_BYTES = 16 << 20
 _T = TypeVar("_T")
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,175 +278,20 @@ def _checkpoint(value: object) -> Checkpoint:
     )
 
 
-# -- the system calls a write makes, and the faults they can be made to meet -------------
-
-
-class Fault(StrEnum):
-    """A fault ``Syscalls.injecting`` makes every checkpoint write meet."""
-
-    SHORT_WRITES = "short-writes"  # each write takes half of what it is given (no error)
-    STALLED_WRITE = "stalled-write"  # half the file, then writes that return 0
-    ENOSPC = "enospc"  # half the file, then a full disk
-    EDQUOT = "edquot"  # half the file, then the quota
-    EIO = "eio"  # half the file, then an I/O error
-    FSYNC = "fsync"  # the temp file's fsync fails (EIO)
-    RENAME = "rename"  # the rename over the checkpoint fails (EIO)
-    DIR_FSYNC = "dir-fsync"  # the directory's fsync, after the rename, fails (EIO)
-
-
-_WRITE_ERRNO = {Fault.ENOSPC: errno.ENOSPC, Fault.EDQUOT: errno.EDQUOT, Fault.EIO: errno.EIO}
-
-
-def _os_error(code: int) -> OSError:
-    return OSError(code, os.strerror(code))
-
-
-@dataclass(frozen=True, slots=True)
-class Syscalls:
-    """The fault-injection seam of ``write``: the calls it makes to write, sync and rename.
-
-    ``write(directory, checkpoint, syscalls)`` takes one (default ``SYSCALLS``, the
-    real calls). A ready-made fault::
-
-        state.write(directory, checkpoint, state.Syscalls.injecting(state.Fault.ENOSPC))
-
-    or any callables of these signatures: ``write`` returns the bytes written
-    (fewer is a short write), ``fsync`` gets the temp file's fd, then (after the
-    rename) the directory's; a failure is an OSError. Held by the caller, so a
-    daemon or simulation can swap it between checkpoints.
-    """
-
-    write: Callable[[int, memoryview], int] = os.write
-    fsync: Callable[[int], None] = os.fsync
-    replace: Callable[[Path, Path], None] = os.replace
-
-    @classmethod
-    def injecting(cls, fault: Fault) -> Syscalls:
-        """The real calls, except that every checkpoint write meets ``fault``."""
-
-        def write(fd: int, data: memoryview) -> int:
-            at_start = os.lseek(fd, 0, os.SEEK_CUR) == 0
-            if fault is Fault.SHORT_WRITES or (at_start and fault in _AFTER_HALF):
-                return os.write(fd, data[: max(1, len(data) // 2)])
-            if fault is Fault.STALLED_WRITE:
-                return 0
-            if fault in _WRITE_ERRNO:
-                raise _os_error(_WRITE_ERRNO[fault])
-            return os.write(fd, data)
-
-        def fsync(fd: int) -> None:
-            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-            if fault is (Fault.DIR_FSYNC if is_dir else Fault.FSYNC):
-                raise _os_error(errno.EIO)
-            os.fsync(fd)
-
-        def replace(src: Path, dst: Path) -> None:
-            if fault is Fault.RENAME:
-                raise _os_error(errno.EIO)
-            os.replace(src, dst)
-
-        return cls(write, fsync, replace)
-
-
-_AFTER_HALF = {Fault.STALLED_WRITE, *_WRITE_ERRNO}
-SYSCALLS = Syscalls()
-
-
-# -- writing and reading -----------------------------------------------------------------
+def write(directory: Path, checkpoint: Checkpoint, syscalls: Syscalls = SYSCALLS) -> None:
+    """Atomically replace the checkpoint (``durable.write_file``); on any failure
+    CheckpointError names the step and the previous checkpoint stays as it was."""
+    data = encode(checkpoint)
+    if len(data) > MAX_BYTES:
+        target = directory / FILE
+        raise CheckpointError(str(target), f"{len(data)} bytes is more than numad reads back")
+    write_file(directory, FILE, data, syscalls, "checkpoint")
 
 
 def _cause(err: OSError) -> str:
     if err.errno is None:
         return str(err)
     return f"{err.strerror} [{errno.errorcode.get(err.errno, err.errno)}]"
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def _write_all(fd: int, data: bytes, write: Callable[[int, memoryview], int]) -> None:
-    """Every byte of ``data``, however many calls it takes (a file-size limit, a full
-    disk or a quota first shortens a write, then fails the next one)."""
-    left = memoryview(data)
-    while left:
-        written = write(fd, left)
-        if written <= 0:
-            raise OSError(f"short write: {len(left)} of {len(data)} bytes not written")
-        left = left[written:]
-
-
-_UNCHANGED = "the previous checkpoint is unchanged; free space or fix the disk, then retry"
-
-
-def write(directory: Path, checkpoint: Checkpoint, syscalls: Syscalls = SYSCALLS) -> None:
-    """Atomically replace the checkpoint: temp file, fsync, rename, fsync the directory.
-
-    On any failure CheckpointError names the step and its cause, the temp file is
-    removed and the previous checkpoint stays (or is put back) as it was.
-    """
-    target = directory / FILE
-    temp = directory / f".{FILE}.{os.getpid()}.tmp"
-    previous = directory / f".{FILE}.prev"  # a second name for it until the rename is durable
-    backup: Path | None = previous
-    data = encode(checkpoint)
-    if len(data) > MAX_BYTES:
-        raise CheckpointError(str(target), f"{len(data)} bytes is more than numad reads back")
-    step = "create the state directory"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        step = f"create {temp.name}"
-        _unlink(temp)  # a stale one of our own name, or a link planted there
-        fd = os.open(temp, _TEMP_FLAGS, 0o600)
-        try:
-            step = f"write {temp.name}"
-            _write_all(fd, data, syscalls.write)
-            step = f"fsync {temp.name}"
-            syscalls.fsync(fd)
-        finally:
-            os.close(fd)
-        step = f"link the previous {FILE} to {previous.name}"
-        _unlink(previous)
-        try:
-            os.link(target, previous, follow_symlinks=False)
-        except FileNotFoundError:
-            backup = None  # no previous checkpoint: undoing the rename removes the new one
-        step = f"rename {temp.name} over {FILE}"
-        syscalls.replace(temp, target)
-    except OSError as err:
-        with contextlib.suppress(OSError):  # already failing; the next write removes them
-            _unlink(temp)
-            _unlink(previous)
-        raise CheckpointError(str(target), f"cannot {step}: {_cause(err)}", _UNCHANGED) from err
-    _sync_directory(directory, target, backup, syscalls)
-
-
-def _sync_directory(directory: Path, target: Path, backup: Path | None, syscalls: Syscalls) -> None:
-    """Make the rename durable; if that fails, put the previous checkpoint back, so the
-    caller's refusal (it changes no cgroup) matches what a restart finds."""
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            syscalls.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as err:
-        try:
-            if backup is None:
-                target.unlink()
-                undone = "the new checkpoint is removed"
-            else:
-                os.replace(backup, target)
-                undone = "the previous checkpoint is put back"
-        except OSError as undo:
-            undone = f"the new checkpoint stays ({_cause(undo)}) and a restart may keep it"
-        raise CheckpointError(
-            str(target), f"cannot fsync {directory}: {_cause(err)}", f"{undone}; check the disk"
-        ) from err
-    if backup is not None:
-        with contextlib.suppress(OSError):  # harmless if left: the next write removes it
-            backup.unlink()
 
 
 def read(directory: Path) -> tuple[Checkpoint | None, str | None]:

@@ -39,7 +39,7 @@ from typing import Any
 
 import structlog
 
-from numad import state
+from numad import durable, state
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
@@ -359,13 +359,13 @@ class Simulation:
         self.clock_now += self.rng.choice((1.0, 10.0, 31.0))
 
     def checkpoint_fault(self) -> None:
-        fault = self.rng.choice(list(state.Fault))
+        fault = self.rng.choice(list(durable.Fault))
         self.faults.injected[f"checkpoint {fault}"] += 1
-        self.daemon.syscalls = state.Syscalls.injecting(fault)
+        self.daemon.syscalls = durable.Syscalls.injecting(fault)
         try:
             (self.admit if self.rng.random() < 0.6 else self.release)()
         finally:
-            self.daemon.syscalls = state.SYSCALLS
+            self.daemon.syscalls = durable.SYSCALLS
 
     def crash_soon(self) -> None:
         self.faults.crash_in = self.rng.randrange(0, 3)
@@ -381,7 +381,7 @@ class Simulation:
             os.write(fd, data[: len(data) // 2])
             raise Crash
 
-        self.daemon.syscalls = state.Syscalls(write=dying)
+        self.daemon.syscalls = durable.Syscalls(write=dying)
         (self.admit if self.rng.random() < 0.6 else self.release)()
 
     def settle(self) -> None:

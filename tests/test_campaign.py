@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from numad import state
+from numad import durable
 from numad.scratch import scratch_mkdir
 from tests.campaign import MACHINE, Crash, Simulation, run
 from tests.conftest import Machines
@@ -76,7 +76,7 @@ def test_a_crash_inside_any_checkpoint_write_breaks_no_promise(
                 raise Crash
             return os.write(fd, data)
 
-        sim.daemon.syscalls = state.Syscalls(write=dying)
+        sim.daemon.syscalls = durable.Syscalls(write=dying)
         with contextlib.suppress(Crash):
             _scenario(sim)
         sim.restart()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from numad import state
+from numad import durable, state
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
@@ -195,14 +195,14 @@ def test_an_unwritable_checkpoint_changes_nothing_and_numad_is_not_ready_until_i
 ) -> None:
     daemon = recorded_daemon(machines, tmp_path)
     before = daemon.books
-    daemon.syscalls = state.Syscalls.injecting(state.Fault.ENOSPC)
+    daemon.syscalls = durable.Syscalls.injecting(durable.Fault.ENOSPC)
     with pytest.raises(CheckpointError, match="No space left on device"):
         _admit(daemon, "db", 4)
     assert daemon.specs == {}
     assert daemon.books == before
     assert not daemon.ready
     assert _cpus(daemon, "db") == CPUSet()  # no cgroup was written
-    daemon.syscalls = state.SYSCALLS
+    daemon.syscalls = durable.SYSCALLS
     daemon.reconcile()  # writes the checkpoint again: numad is ready once it can
     assert daemon.ready
     assert _admit(daemon, "db", 4)
@@ -214,13 +214,13 @@ def test_numad_starts_not_ready_on_an_unwritable_state_dir_and_recovers(
     daemon = recorded_daemon(machines, tmp_path)
     assert _admit(daemon, "db", 4)
     again = Daemon(daemon.config, daemon.fs, daemon.cgroups, daemon.state_dir, daemon.log)
-    again.syscalls = state.Syscalls.injecting(state.Fault.EIO)
+    again.syscalls = durable.Syscalls.injecting(durable.Fault.EIO)
     again.start()  # no crash loop under systemd: started, not ready, and says why
     assert again.started
     assert not again.ready
     assert "db" in again.specs
     assert any("numad cannot commit changes" in p for p in again.problems)
-    again.syscalls = state.SYSCALLS
+    again.syscalls = durable.SYSCALLS
     again.reconcile()
     assert again.ready
 

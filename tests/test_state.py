@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numad import state
+from numad import durable, state
 from numad.admission import Books, ContainerRequest, Engine, WorkloadRequest, admit
 from numad.cpuset import CPUSet
 from numad.errors import CheckpointError
@@ -229,23 +229,23 @@ except CheckpointError as err:
 @pytest.mark.parametrize(
     ("fault", "cause"),
     [
-        pytest.param(state.Fault.STALLED_WRITE, "cannot write .checkpoint.json.", id="stalled"),
-        pytest.param(state.Fault.ENOSPC, "No space left on device [ENOSPC]", id="enospc"),
-        pytest.param(state.Fault.EDQUOT, "Disk quota exceeded [EDQUOT]", id="edquot"),
-        pytest.param(state.Fault.EIO, "cannot write .checkpoint.json.", id="eio"),
-        pytest.param(state.Fault.FSYNC, "cannot fsync .checkpoint.json.", id="fsync"),
-        pytest.param(state.Fault.RENAME, "cannot rename .checkpoint.json.", id="rename"),
-        pytest.param(state.Fault.DIR_FSYNC, "previous checkpoint is put back", id="dir-fsync"),
+        pytest.param(durable.Fault.STALLED_WRITE, "cannot write .checkpoint.json.", id="stalled"),
+        pytest.param(durable.Fault.ENOSPC, "No space left on device [ENOSPC]", id="enospc"),
+        pytest.param(durable.Fault.EDQUOT, "Disk quota exceeded [EDQUOT]", id="edquot"),
+        pytest.param(durable.Fault.EIO, "cannot write .checkpoint.json.", id="eio"),
+        pytest.param(durable.Fault.FSYNC, "cannot fsync .checkpoint.json.", id="fsync"),
+        pytest.param(durable.Fault.RENAME, "cannot rename .checkpoint.json.", id="rename"),
+        pytest.param(durable.Fault.DIR_FSYNC, "previous checkpoint is put back", id="dir-fsync"),
     ],
 )
 def test_a_failed_write_keeps_the_previous_checkpoint(
-    tmp_path: Path, fault: state.Fault, cause: str
+    tmp_path: Path, fault: durable.Fault, cause: str
 ) -> None:
     state.write(tmp_path, CHECKPOINT)
     target = tmp_path / state.FILE
     before = target.read_bytes()
     with pytest.raises(CheckpointError) as caught:
-        state.write(tmp_path, NEXT, state.Syscalls.injecting(fault))
+        state.write(tmp_path, NEXT, durable.Syscalls.injecting(fault))
     assert str(caught.value).startswith(f"{target}: cannot ")
     assert cause in str(caught.value)
     assert target.read_bytes() == before
@@ -256,12 +256,12 @@ def test_a_failed_write_keeps_the_previous_checkpoint(
 
 def test_a_failed_first_write_leaves_no_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="the new checkpoint is removed"):
-        state.write(tmp_path, NEXT, state.Syscalls.injecting(state.Fault.DIR_FSYNC))
+        state.write(tmp_path, NEXT, durable.Syscalls.injecting(durable.Fault.DIR_FSYNC))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_short_writes_are_finished(tmp_path: Path) -> None:
-    state.write(tmp_path, NEXT, state.Syscalls.injecting(state.Fault.SHORT_WRITES))
+    state.write(tmp_path, NEXT, durable.Syscalls.injecting(durable.Fault.SHORT_WRITES))
     assert (tmp_path / state.FILE).read_bytes() == state.encode(NEXT)
 
 
@@ -277,7 +277,7 @@ def test_the_directory_is_fsynced_after_the_rename(tmp_path: Path) -> None:
         seen.append(("dir" if stat.S_ISDIR(st_.st_mode) else "file", target.read_bytes()))
         os.fsync(fd)
 
-    state.write(tmp_path, NEXT, state.Syscalls(fsync=fsync))
+    state.write(tmp_path, NEXT, durable.Syscalls(fsync=fsync))
     # The temp file is synced while the old checkpoint is in place, the state
     # directory once the new one is.
     assert seen == [("file", state.encode(CHECKPOINT)), ("dir", state.encode(NEXT))]
