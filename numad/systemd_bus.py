@@ -1,0 +1,309 @@
+"""systemd's D-Bus API: the AllowedCPUs= and AllowedMemoryNodes= of units.
+
+An adapter at the host edge, and the only module that speaks D-Bus (jeepney
+lives here and nowhere else). It touches systemd's sockets and nothing else;
+what it sets is runtime unit state, which systemd then writes to the unit's
+cgroup itself.
+
+As root, numad talks to systemd's private peer socket, as systemctl does
+(src/shared/bus-util.c, bus_connect_system_systemd): a peer-to-peer stream with
+no bus daemon, so no Hello call, and a peer that must run as root or as us
+(bus_check_peercred). jeepney's blocking connection always says Hello, so this
+module builds its stream from jeepney's pieces: its SASL ``Authenticator``, its
+message ``Parser`` and its message builders. Otherwise it goes through the
+system bus (with Hello). Every call has a deadline. A ``Systemd`` has one owner
+at a time (a stream carries one call at a time); it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+# jeepney ships no type information (no py.typed); its values are checked where they come in.
+from jeepney import (  # type: ignore[import-untyped]
+    DBusAddress,
+    HeaderFields,
+    Message,
+    MessageType,
+    Parser,
+    Properties,
+    new_method_call,
+)
+from jeepney.auth import BEGIN, Authenticator  # type: ignore[import-untyped]
+from jeepney.bus import get_connectable_addresses  # type: ignore[import-untyped]
+from jeepney.bus_messages import message_bus  # type: ignore[import-untyped]
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import NumadError
+
+PRIVATE_ADDRESS = "unix:path=/run/systemd/private"
+SYSTEM_BUS_ADDRESS = "unix:path=/run/dbus/system_bus_socket"
+
+_SYSTEMD = "org.freedesktop.systemd1"
+_MANAGER = DBusAddress("/org/freedesktop/systemd1", _SYSTEMD, f"{_SYSTEMD}.Manager")
+_NO_SUCH_UNIT = f"{_SYSTEMD}.NoSuchUnit"
+# The unit types with a cgroup context: their own interface carries the cgroup
+# properties (bus_unit_cgroup_vtable), Unit does not.
+_CGROUP_INTERFACES = {
+    "service": "Service",
+    "slice": "Slice",
+    "scope": "Scope",
+    "socket": "Socket",
+    "mount": "Mount",
+    "swap": "Swap",
+}
+
+_Ids = TypeVar("_Ids", CPUSet, NodeSet)
+
+
+class SystemdError(NumadError):
+    """A call to systemd failed: an error reply, no reply in time, or a lost connection."""
+
+
+def to_dbus(ids: CPUSet | NodeSet) -> bytes:
+    """systemd's ``ay`` form of a set: byte i, bit j is id 8*i+j (little-endian).
+
+    As cpu_set_to_dbus and cpu_set_from_dbus (src/shared/cpu-set-util.c) write
+    and read it: ``out[cpu / 8] |= 1u << (cpu % 8)``; used for AllowedCPUs= and
+    AllowedMemoryNodes= alike (src/core/dbus-cgroup.c, bus_cgroup_set_property).
+    systemd pads to whole longs; the shortest form reads the same, and the
+    empty set is the empty array, which resets the property. systemd refuses
+    ids from 8192 up (ERANGE).
+    """
+    bits = ids.bits
+    return bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+
+
+def from_dbus(data: bytes, kind: type[_Ids]) -> _Ids:
+    """The set that systemd's ``ay`` form ``data`` names (see ``to_dbus``)."""
+    return kind.from_bits(int.from_bytes(data, "little"))
+
+
+def _cgroup_interface(unit: str) -> str:
+    suffix = unit.rpartition(".")[2]
+    if suffix not in _CGROUP_INTERFACES:
+        known = ", ".join(f".{s}" for s in _CGROUP_INTERFACES)
+        raise SystemdError(unit, "this unit type has no cgroup", f"name a {known} unit")
+    return f"{_SYSTEMD}.{_CGROUP_INTERFACES[suffix]}"
+
+
+class _Stream:
+    """One authenticated D-Bus stream over a Unix socket; each call has a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._parser = Parser()
+        self._serials = itertools.count(1)
+
+    @classmethod
+    def open(cls, path: str, timeout: float, *, peer: bool) -> _Stream:
+        """Connect and authenticate (SASL EXTERNAL); raises OSError or ValueError."""
+        deadline = time.monotonic() + timeout
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        stream = cls(sock)
+        try:
+            stream._bound(deadline)
+            sock.connect(path)
+            if peer:
+                # What systemctl checks of the private socket (bus_check_peercred).
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                _, uid, _ = struct.unpack("3i", creds)
+                if uid not in (0, os.geteuid()):
+                    raise PermissionError(f"{path}: the peer runs as uid {uid}, not root")
+            auth = Authenticator()  # sends the leading NUL byte, then AUTH EXTERNAL <uid>
+            for line in auth:
+                stream._send(line, deadline)
+                auth.feed(stream._receive(deadline))
+            stream._send(BEGIN, deadline)  # the Authenticator stops before BEGIN
+        except BaseException:
+            sock.close()
+            raise
+        return stream
+
+    def call(self, message: Message, deadline: float) -> Message:
+        """Send ``message`` and return its reply; other messages (signals) are dropped."""
+        serial = next(self._serials)
+        self._send(message.serialise(serial=serial), deadline)
+        while True:
+            reply = self._parser.get_next_message()
+            if reply is None:
+                self._parser.add_data(self._receive(deadline))
+            elif reply.header.fields.get(HeaderFields.reply_serial) == serial:
+                return reply
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _bound(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no reply in time")
+        self._sock.settimeout(left)
+
+    def _send(self, data: bytes, deadline: float) -> None:
+        if data:
+            self._bound(deadline)
+            self._sock.sendall(data)
+
+    def _receive(self, deadline: float) -> bytes:
+        self._bound(deadline)
+        data = self._sock.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError("systemd closed the connection")
+        return data
+
+
+class Systemd:
+    """A connection to systemd's manager; build it with ``Systemd.connect``."""
+
+    def __init__(self, stream: _Stream, address: str, timeout: float) -> None:
+        self._stream: _Stream | None = stream
+        self.address = address
+        self.timeout = timeout
+
+    @classmethod
+    def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
+        """Connect to systemd, or None when it cannot be reached (no systemd here).
+
+        ``address`` (D-Bus form, ``unix:path=...``) names a systemd peer socket;
+        by default the private socket is tried, then the system bus. Each socket
+        tried gets ``timeout`` seconds to connect, authenticate (and say Hello).
+        """
+        tries = [(PRIVATE_ADDRESS, True), (SYSTEM_BUS_ADDRESS, False)]
+        if address is not None:
+            tries = [(address, True)]
+        for addr, peer in tries:
+            try:
+                paths = list(get_connectable_addresses(addr))
+            except RuntimeError as err:  # jeepney: a transport other than unix
+                raise SystemdError(addr, "not a Unix socket address", "use unix:path=...") from err
+            for path in paths:
+                try:
+                    stream = _Stream.open(path, timeout, peer=peer)
+                except (OSError, ValueError):  # unreachable, or refused at authentication
+                    continue
+                systemd = cls(stream, addr, timeout)
+                if peer or systemd._hello():
+                    return systemd
+        return None
+
+    def unit(self, name: str) -> str | None:
+        """The object path of ``name`` if systemd has it loaded; None otherwise.
+
+        GetUnit, not LoadUnit: asking never loads a unit.
+        """
+        reply = self._call(name, new_method_call(_MANAGER, "GetUnit", "s", (name,)))
+        if _error_name(reply) == _NO_SUCH_UNIT:
+            return None
+        return str(self._body(name, "GetUnit", reply, "o")[0])
+
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
+        """The unit's AllowedCPUs= and AllowedMemoryNodes=; empty sets when not set."""
+        cpus = bytes(self._property(name, "AllowedCPUs", "ay"))
+        mems = bytes(self._property(name, "AllowedMemoryNodes", "ay"))
+        return from_dbus(cpus, CPUSet), from_dbus(mems, NodeSet)
+
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None:
+        """Set AllowedCPUs= and AllowedMemoryNodes=; None leaves one alone, empty resets it.
+
+        SetUnitProperties, as ``systemctl set-property`` (``--runtime`` by
+        default: gone at reboot). systemd loads the unit's file for this if it
+        is not loaded (src/core/dbus-manager.c, method_set_unit_properties).
+        """
+        values = [
+            (key, ("ay", to_dbus(ids)))
+            for key, ids in (("AllowedCPUs", cpus), ("AllowedMemoryNodes", mems))
+            if ids is not None
+        ]
+        if not values:
+            return
+        body = (name, runtime, values)
+        message = new_method_call(_MANAGER, "SetUnitProperties", "sba(sv)", body)
+        self._body(name, "SetUnitProperties", self._call(name, message), "")
+
+    def control_group(self, name: str) -> str | None:
+        """The unit's cgroup (``/system.slice/foo.service``); None when it has none."""
+        return str(self._property(name, "ControlGroup", "s")) or None
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _hello(self) -> bool:
+        """Say Hello to the bus daemon, as a bus requires first; False if it refuses."""
+        try:
+            reply = self._call(self.address, message_bus.Hello())
+        except SystemdError:
+            return False
+        if _error_name(reply) is not None:
+            self.close()
+            return False
+        return True
+
+    def _property(self, name: str, key: str, signature: str) -> Any:
+        """The value of property ``key`` of the unit, checked to have ``signature``."""
+        interface = _cgroup_interface(name)
+        path = self.unit(name)
+        if path is None:
+            raise SystemdError(name, f"cannot read {key}: systemd has no such unit loaded")
+        where = DBusAddress(path, _SYSTEMD, interface)
+        body = self._body(name, key, self._call(name, Properties(where).get(key)), "v")
+        sig, value = body[0]
+        if sig != signature:
+            raise SystemdError(name, f"{key} has D-Bus type {sig!r}, expected {signature!r}")
+        return value
+
+    def _call(self, name: str, message: Message) -> Message:
+        """The reply to ``message``; a lost or stalled connection raises and is closed."""
+        member = message.header.fields.get(HeaderFields.member)
+        if self._stream is None:
+            raise SystemdError(name, f"cannot call {member}: the connection is closed")
+        try:
+            reply: Message = self._stream.call(message, time.monotonic() + self.timeout)
+        except TimeoutError as err:
+            self.close()
+            problem = f"no reply to {member} from {self.address} within {self.timeout:g} s"
+            raise SystemdError(name, problem, "is systemd stuck?") from err
+        except (OSError, ValueError) as err:  # ValueError: jeepney could not parse a message
+            self.close()
+            problem = f"{member}: the connection to {self.address} failed ({err})"
+            raise SystemdError(name, problem) from err
+        return reply
+
+    def _body(self, name: str, what: str, reply: Message, signature: str) -> tuple[Any, ...]:
+        """The reply's body, checked to have ``signature``; an error reply raises."""
+        error = _error_name(reply)
+        if error is not None:
+            text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else None
+            detail = f"{error}: {text}" if text else error
+            raise SystemdError(name, f"{what} failed: {detail}")
+        got = reply.header.fields.get(HeaderFields.signature, "")
+        if reply.header.message_type is not MessageType.method_return or got != signature:
+            raise SystemdError(name, f"{what}: unexpected reply of type {got!r}")
+        return tuple(reply.body)
+
+
+def _error_name(reply: Message) -> str | None:
+    if reply.header.message_type is not MessageType.error:
+        return None
+    return str(reply.header.fields.get(HeaderFields.error_name, "(unnamed error)"))
