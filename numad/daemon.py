@@ -31,6 +31,7 @@ from numad.enforce import Cgroups, Enforcer, Log, targets
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.health import Problems
 from numad.hostfs import HostFS
+from numad.isolation import Isolation, Units, host_parts
 from numad.loops import Supervisor
 from numad.managers.cpu.state import CPUState
 from numad.managers.cpu.static import StaticOptions, StaticPolicy
@@ -58,6 +59,7 @@ class Daemon(Views, Reconciler):
         log: Log,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        systemd: Units | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
@@ -70,7 +72,10 @@ class Daemon(Views, Reconciler):
         self.lock = threading.RLock()
         self.started = False
         self.health = Problems()
-        self.enforcer = Enforcer(cgroups, self.metrics, log, self.health)
+        self.isolation = Isolation(cgroups, state_dir, log, systemd=systemd, **host_parts(cgroups))
+        if self.isolation.problem:
+            self.health.set("isolation", self.isolation.problem)
+        self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)
         self.supervisor = Supervisor(log, self.metrics, self.health, clock)
         self.specs: dict[str, WorkloadSpec] = {}
         self.outcomes: dict[str, Outcome] = {}
@@ -314,6 +319,7 @@ class Daemon(Views, Reconciler):
             self.log.info("workload_released", workload=name)
 
     def _enforce(self, step: Callable[[str], None] | None = None) -> None:
+        self._find_others()  # new ones are isolated as they appear
         wanted = targets(self.books, self.specs, self.orphans, self.others)
         self.enforcer.apply(wanted, self.books.cpu.shared_pool, step)
 

@@ -161,6 +161,9 @@ class Enforcer:
             if self._held(t.path, empty=0) & ~self.grants.get(t.path, 0) & claimed & ~t.cpus
         ]
         blocked, failing = 0, []
+        # Deepest first when shrinking, top first when growing: cgroup v1 refuses a
+        # parent narrower than its child (host isolation writes whole v1 trees).
+        shared.sort(key=lambda t: t.path.count("/"), reverse=True)
         for t in shared + narrow:
             if not self._share(t, pool):
                 failing.append(t.path)
@@ -170,7 +173,7 @@ class Enforcer:
         self._grant(pending, blocked, failing)
         if step is not None:
             step("exclusive")
-        for t in shared:
+        for t in reversed(shared):
             self._share(t, pool)
 
     def _share(self, t: Target, pool: int) -> bool:

@@ -22,6 +22,7 @@ from numad.enforce import Cgroups, Enforcer, Log
 from numad.errors import CheckpointError, NumadError
 from numad.health import Problems
 from numad.hostfs import HostFS
+from numad.isolation import Isolation
 from numad.managers.cpu.static import StaticPolicy
 from numad.metrics import Metrics
 from numad.restore import rediscovered
@@ -39,6 +40,7 @@ class Reconciler:
     clock: Callable[[], float]
     health: Problems
     enforcer: Enforcer
+    isolation: Isolation
     topology: Topology
     cpu_policy: StaticPolicy
     engine: Engine
@@ -114,9 +116,6 @@ class Reconciler:
             self.repairs += repairs
             self._releases()
             self._readmit()
-            if self.config.isolate:  # new ones are isolated as they appear
-                roots = self.config.paths.managed_roots
-                self.others = self.enforcer.unmanaged(roots, self.specs.values()) - self.orphans
             self._enforce()  # raises to the supervisor: counted, shown, retried
             self.health.clear("enforce")
             self._settle_orphans()
@@ -127,6 +126,35 @@ class Reconciler:
             drift_repaired=repairs,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+    def _find_others(self) -> None:
+        """The cgroups that are no workload's, isolated as they appear: the other
+        top-level cgroups and the unmanaged ones inside the managed roots. With
+        isolation turned off, the ones isolated before get their own cpusets back."""
+        if not self.config.isolate:
+            if self.isolation.originals:
+                self._end_isolation()
+            return
+        roots = self.config.paths.managed_roots
+        owned = {s.container_cgroup(c) for s in self.specs.values() for c in s.containers}
+        inside = self.enforcer.unmanaged(roots, self.specs.values()) - self.orphans
+        try:
+            tops = self.isolation.top_level(roots)
+            self.health.clear("isolation-list")
+        except NumadError as err:
+            self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
+            tops = {p for p in self.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
+        self.others = (inside | tops) - owned
+        for path in self.isolation.mark(self.others, owned):
+            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
+
+    def _end_isolation(self) -> None:
+        """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's)."""
+        for problem in self.isolation.restore():
+            self.log.error("cgroup_reset_failed", problem=problem)
+        for path in sorted(self.others):
+            self.enforcer.forget(path)
+        self.others = set()
 
     def _check_root(self) -> None:
         root = getattr(self.cgroups, "root", None)
@@ -190,10 +218,4 @@ class Reconciler:
         """numad stops: the cgroups it isolated get every CPU back (their parent's)."""
         with self.lock:
             self.stopped = True
-            for path in sorted(self.others):
-                try:  # empty: v2 inherits the parent's CPUs, v1 copies them
-                    self.cgroups.write(path, CPUSet(), None)
-                except NumadError as err:
-                    self.log.error("cgroup_reset_failed", cgroup=path, problem=str(err))
-                self.enforcer.forget(path)
-            self.others = set()
+            self._end_isolation()

@@ -30,6 +30,7 @@ from numad.hostfs import HostFS
 from numad.instance import acquire
 from numad.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
 from numad.scratch import make_scratch_v2
+from numad.systemd_bus import Systemd
 from numad.topology.discover import discover
 from numad.watch import udev_events
 
@@ -40,7 +41,11 @@ def build(config: Config, root: str | None) -> Daemon:
     if root is None:
         fs = HostFS("/")
         cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
-        return Daemon(config, fs, cgroups, Path(config.paths.state_dir), log)
+        # systemd's units are isolated through systemd; without it, through cgroupfs.
+        systemd = Systemd.connect() if config.isolate else None
+        log.info("isolation", isolate=config.isolate, systemd=systemd is not None)
+        state_dir = Path(config.paths.state_dir)
+        return Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)
     base = Path(root).resolve()
     fs = HostFS(base)
     cgroup_root = base / config.paths.cgroup_root.lstrip("/")

@@ -150,7 +150,7 @@ class Simulation:
                 daemon = build(parse(self._config()), str(self.root))
                 daemon.clock = lambda: self.clock_now
                 daemon.supervisor.clock = daemon.clock
-                daemon.cgroups = daemon.enforcer.cgroups = Recording(daemon.cgroups, self)
+                daemon.cgroups = daemon.isolation.cgroups = Recording(daemon.cgroups, self)
                 daemon.start()
             except Crash:
                 continue

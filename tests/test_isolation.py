@@ -7,9 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from numad.cpuset import CPUSet
+import pytest
+
+from numad import isolation
+from numad.cgroup.v2 import CgroupV2Backend
+from numad.config import parse
+from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.scratch import scratch_mkdir
+from numad.service import build
 from tests.conftest import Machines, recorded_daemon
 
 
@@ -86,3 +92,172 @@ def test_isolation_can_be_turned_off(machines: Machines, tmp_path: Path) -> None
     daemon.reconcile()
     assert _cpus(daemon, "numad.slice/stray") == CPUSet()
     assert daemon.others == set()
+
+
+# -- the other top-level cgroups --------------------------------------------------------
+
+TOPS = ("system.slice", "user.slice", "init.scope")
+
+
+def _host_tree(machines: Machines, tmp_path: Path, **extra: object) -> Daemon:
+    daemon = recorded_daemon(machines, tmp_path, dict(extra) or None)
+    for path in (*TOPS, "system.slice/sshd.service"):
+        scratch_mkdir(_tree(daemon), path)
+    return daemon
+
+
+def rebuilt(daemon: Daemon) -> Daemon:
+    """numad started again on the same machine, state and cgroups (as after SIGKILL)."""
+    raw = {
+        "topology": {"policy": "single-numa-node"},
+        "cpu": {"reserved-count": 2},
+        "memory": {"policy": "none"},
+    }
+    new = build(parse(raw), str(daemon.fs.root))
+    new.start()
+    return new
+
+
+def test_the_other_top_level_cgroups_stay_off_exclusive_cpus(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "user.slice/cpuset.cpus").write_text("0-11")  # the admin's own setting
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert exclusive
+    assert pool
+    for top in TOPS:
+        assert _cpus(daemon, top) == pool, top
+        assert daemon.isolation.via(top) == "cgroupfs"
+    # A child inherits: v2 never lets it use what its parent has not.
+    assert _cpus(daemon, "system.slice/sshd.service") == CPUSet()
+    assert "cpuset" in (_tree(daemon) / "cgroup.subtree_control").read_text().split()
+    record = json.loads((daemon.state_dir / "isolation.json").read_text())["cgroups"]
+    assert record["user.slice"] == {"via": "cgroupfs", "cpus": "0-11"}
+    assert record["system.slice"] == {"via": "cgroupfs", "cpus": ""}
+    scratch_mkdir(_tree(daemon), "machine.slice")  # a new one is isolated as it appears
+    daemon.reconcile()
+    assert _cpus(daemon, "machine.slice") == pool
+    daemon.stop()
+    assert _cpus(daemon, "system.slice") == CPUSet()
+    assert _cpus(daemon, "user.slice") == CPUSet.parse_list("0-11")  # as it was, not "all"
+    assert _cpus(daemon, "machine.slice") == CPUSet()
+    assert json.loads((daemon.state_dir / "isolation.json").read_text())["cgroups"] == {}
+
+
+def test_a_crashed_numad_leaves_the_record_and_the_next_one_gives_everything_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "user.slice/cpuset.cpus").write_text("2-5")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    assert _cpus(daemon, "user.slice") != CPUSet.parse_list("2-5")
+    # SIGKILL: no stop. The next numad reads what was the cgroups' own, not its own writes.
+    again = rebuilt(daemon)
+    again.reconcile()
+    again.release("db")
+    again.stop()
+    assert _cpus(again, "user.slice") == CPUSet.parse_list("2-5")
+    assert _cpus(again, "system.slice") == CPUSet()
+
+
+def test_an_unreadable_record_is_kept_aside_and_shown(machines: Machines, tmp_path: Path) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.reconcile()
+    (daemon.state_dir / "isolation.json").write_text("{not json")
+    again = rebuilt(daemon)
+    assert any("isolation.json: unreadable" in p for p in again.problems)
+    assert list(again.state_dir.glob("isolation.json.corrupt.*"))
+
+
+def test_a_record_that_cannot_be_written_stops_the_change_not_numad(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.isolation.state_dir = tmp_path / "file-not-dir"  # every record write fails
+    (tmp_path / "file-not-dir").write_text("")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    # The top-level cgroups were not changed (their own setting could not be kept
+    # first), and the exclusive set waits: they may still run there.
+    assert _cpus(daemon, "system.slice") == CPUSet()
+    assert any("cannot keep its own cpuset" in p for p in daemon.problems)
+    assert any("not granted yet" in p for p in daemon.problems)
+
+
+class FakeSystemd:
+    """Stands in for systemd's D-Bus API, which this host does not run (the VM tier
+    runs the real one): it owns the units it is given and, like systemd, writes
+    ``AllowedCPUs=`` into the unit's cgroup, or nothing when ``broken``."""
+
+    def __init__(self, tree: Path, units: dict[str, str]) -> None:
+        self.units = units  # name -> control group
+        self.allowed_cpus: dict[str, CPUSet] = {n: CPUSet() for n in units}
+        self.calls: list[tuple[str, str]] = []
+        self.tree = tree
+        self.broken = False
+
+    def unit(self, name: str) -> str | None:
+        return f"/org/freedesktop/systemd1/unit/{name}" if name in self.units else None
+
+    def control_group(self, name: str) -> str | None:
+        return self.units.get(name)
+
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
+        return self.allowed_cpus[name], NodeSet()
+
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None:
+        assert runtime
+        assert cpus is not None
+        assert mems is None
+        self.calls.append((name, cpus.format_list()))
+        self.allowed_cpus[name] = cpus
+        if not self.broken:
+            path = self.units[name].lstrip("/")
+            CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, None)
+
+
+def test_units_systemd_owns_are_isolated_through_systemd(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    units = {"system.slice": "/system.slice", "user.slice": "/user.slice"}
+    fake = FakeSystemd(_tree(daemon), units)
+    fake.allowed_cpus["user.slice"] = CPUSet.parse_list("0-3")  # set by the admin
+    daemon.isolation.systemd = fake
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert fake.allowed_cpus["system.slice"] == pool
+    assert _cpus(daemon, "system.slice") == pool
+    assert daemon.isolation.via("system.slice") == "systemd system.slice"
+    assert daemon.isolation.via("init.scope") == "cgroupfs"  # not one of systemd's here
+    assert _cpus(daemon, "init.scope") == pool
+    daemon.stop()
+    assert fake.allowed_cpus == {"system.slice": CPUSet(), "user.slice": CPUSet.parse_list("0-3")}
+    assert _cpus(daemon, "init.scope") == CPUSet()
+
+
+def test_an_exclusive_set_waits_while_systemd_has_not_applied_the_shrink(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    fake.broken = True
+    daemon.isolation.systemd = fake
+    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    assert _cpus(daemon, "numad.slice/db") == CPUSet()  # not granted
+    assert any("systemd accepted AllowedCPUs=" in p for p in daemon.problems)
+    assert any("not granted yet" in p for p in daemon.problems)
+    fake.broken = False
+    fake.calls.clear()
+    daemon.reconcile()
+    held = CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
+    assert _cpus(daemon, "numad.slice/db") == held
+    assert not _cpus(daemon, "system.slice") & held

@@ -63,7 +63,7 @@ class Faulty:
 
 def _faulty(daemon: Daemon) -> Faulty:
     faulty = Faulty(daemon.cgroups)
-    daemon.cgroups = daemon.enforcer.cgroups = faulty
+    daemon.cgroups = daemon.isolation.cgroups = faulty
     return faulty
 
 
