@@ -63,6 +63,11 @@ def add_commands(sub: Any) -> None:
     lst = sub.add_parser("list", help="list admitted workloads")
     lst.add_argument("--socket", help="API socket path")
     lst.set_defaults(command=_list)
+    host = sub.add_parser(
+        "host", help="show host isolation: isolated cgroups and what cannot be moved"
+    )
+    host.add_argument("--socket", help="API socket path")
+    host.set_defaults(command=_host)
     run = sub.add_parser("run", help="admit a transient workload and run a command in it")
     run.add_argument("--cpus", type=int, default=1)
     run.add_argument("--memory", default=None)
@@ -130,6 +135,11 @@ def _by_name(args: argparse.Namespace) -> int:
         _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}/explain"))
     else:
         _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}"))
+    return 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    _print(request(_socket(args), "GET", "/v1/host"))
     return 0
 
 

@@ -10,8 +10,10 @@ import threading
 from typing import Any
 
 from numad.admission import Books, Engine, Outcome, placements
+from numad.config import Config
 from numad.cpuset import CPUSet
-from numad.errors import WorkloadError
+from numad.errors import NumadError, WorkloadError
+from numad.isolation import Isolation, unmovable
 from numad.metrics import Metrics
 from numad.spec import WorkloadSpec
 from numad.topology.model import Topology
@@ -26,6 +28,9 @@ class Views:
     specs: dict[str, WorkloadSpec]
     outcomes: dict[str, Outcome]
     unplaced: dict[str, str]
+    config: Config
+    isolation: Isolation
+    others: set[str]
 
     def list_all(self) -> list[dict[str, Any]]:
         with self.lock:  # one consistent snapshot
@@ -45,6 +50,26 @@ class Views:
                     "conflict": [],
                 }
             return {"explanation": why.text(), "conflict": list(why.conflict)}
+
+    def host(self) -> dict[str, Any]:
+        """Host isolation as it stands: each isolated cgroup, how numad writes it and
+        its CPUs now; what numad cannot move off the exclusive CPUs."""
+        with self.lock:
+            exclusive = CPUSet.from_bits(self.books.cpu.exclusive)
+            isolated = []
+            for path in sorted(self.others):
+                try:
+                    now = str(self.isolation.read(path)[0])
+                except NumadError as err:
+                    now = f"unreadable: {err}"
+                isolated.append({"cgroup": path, "via": self.isolation.via(path), "cpus": now})
+            return {
+                "isolate": self.config.isolate,
+                "exclusive": str(exclusive),
+                "shared": str(CPUSet.from_bits(self.books.cpu.shared_pool)),
+                "isolated": isolated,
+                "unmovable": unmovable(self.isolation.root, exclusive),
+            }
 
     def show(self, name: str) -> dict[str, Any]:
         with self.lock:

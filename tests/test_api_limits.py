@@ -74,6 +74,9 @@ class _Stub:
     def topology(self) -> Topology:
         raise AssertionError("not used here")
 
+    def host(self) -> dict[str, Any]:
+        return {}
+
     def list_all(self) -> list[dict[str, Any]]:
         return []
 

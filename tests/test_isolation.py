@@ -261,3 +261,46 @@ def test_an_exclusive_set_waits_while_systemd_has_not_applied_the_shrink(
     held = CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
     assert _cpus(daemon, "numad.slice/db") == held
     assert not _cpus(daemon, "system.slice") & held
+
+
+def test_what_cannot_be_moved_is_listed_not_hidden(tmp_path: Path) -> None:
+    """The root cgroup's tasks, from a /proc laid out as the kernel's (proc(5))."""
+    root, proc = tmp_path / "cgroup", tmp_path / "proc"
+    root.mkdir()
+    (root / "cgroup.procs").write_text("2\n15\n40\n77\n")
+    tasks = {  # pid: (comm, flags, Cpus_allowed_list)
+        2: ("kthreadd", 0x00208040, "0-31"),
+        15: ("ksoftirqd/1", 0x04208040, "1"),
+        40: ("my (odd) name", 0x00400100, "4-7"),  # a process left in the root cgroup
+    }
+    for pid, (comm, flags, allowed) in tasks.items():
+        (proc / str(pid)).mkdir(parents=True)
+        rest = " ".join(["S", "0", "0", "0", "0", "-1", str(flags)] + ["0"] * 40)
+        (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) {rest}\n")
+        (proc / str(pid) / "status").write_text(f"Name:\t{comm}\nCpus_allowed_list:\t{allowed}\n")
+    found = isolation.unmovable(root, CPUSet.parse_list("4-5"), proc)
+    assert found == {
+        "tasks": [
+            {"pid": 2, "name": "kthreadd", "kernel_thread": True, "cpus": "0-31"},
+            {"pid": 40, "name": "my (odd) name", "kernel_thread": False, "cpus": "4-7"},
+        ],
+        "not_shown": 1,  # pid 77: gone, or hidden by ProtectProc=invisible
+    }
+    assert isolation.unmovable(root, CPUSet(), proc) == {"tasks": [], "not_shown": 0}
+
+
+def test_the_host_view_shows_each_isolated_cgroup_and_how(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.isolation.systemd = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    view = daemon.host()
+    pool = str(CPUSet.from_bits(daemon.books.cpu.shared_pool))
+    assert view["isolate"] is True
+    assert view["shared"] == pool
+    assert {"cgroup": "system.slice", "via": "systemd system.slice", "cpus": pool} in view[
+        "isolated"
+    ]
+    assert {"cgroup": "init.scope", "via": "cgroupfs", "cpus": pool} in view["isolated"]
+    assert view["unmovable"] == {"tasks": [], "not_shown": 0}  # the scratch root has none

@@ -4,6 +4,7 @@ Edge module. Routes (status codes of DESIGN section 4):
 
     GET    /v1/health                    200 ready | 503 not ready
     GET    /v1/topology                  the topology JSON of `numad topology --json`
+    GET    /v1/host                      host isolation: isolated cgroups, what cannot move
     GET    /v1/workloads                 every admitted workload
     POST   /v1/workloads                 admit a spec: 201 | 409 rejected (explained) | 422 invalid
     GET    /v1/workloads/NAME            show: 200 | 404
@@ -70,6 +71,7 @@ class Backend(Protocol):
     @property
     def topology(self) -> Topology: ...
     def list_all(self) -> list[dict[str, Any]]: ...
+    def host(self) -> dict[str, Any]: ...
     def parse(self, text: str, fmt: str) -> WorkloadSpec: ...
     def plan(self, spec: WorkloadSpec) -> Outcome: ...
     def admit(self, spec: WorkloadSpec) -> Outcome: ...
@@ -214,6 +216,8 @@ class _Handler(BoundedHandler):
             return self._workload(method, parts[2], parts[3:])
         if parts == ["v1", "topology"] and method == "GET":
             return 200, to_json(daemon.topology)
+        if parts == ["v1", "host"] and method == "GET":
+            return 200, daemon.host()
         if parts == ["v1", "workloads"] and method == "GET":
             return 200, {"workloads": daemon.list_all()}
         if parts in (["v1", "workloads"], ["v1", "plan"]) and method == "POST":
