@@ -18,6 +18,11 @@ values of the wrong type or outside their range, are errors naming the key
     [memory]
     policy = "static"                 # static | none
     reserved = { "0" = { memory = "1Gi" } }
+    pull = true                       # move an exclusive workload's pages that sit off
+                                      # its CPUs' nodes there (migrate_pages), in the
+                                      # background, where they fit; false: leave memory
+    locality-threshold = 0.8          # a workload whose share of memory on its own
+                                      # nodes stays below this is listed in health (0-1)
 
     [devices.gpu]                     # a device class: selectors, or addresses
     vendor = "0x10de"
@@ -68,7 +73,7 @@ _SECTIONS = {"topology", "cpu", "memory", "devices", "paths", "daemon", "metrics
 _KEYS = {
     "topology": {"policy", "scope", "options"},
     "cpu": {"reserved-cpus", "reserved-count", "options"},
-    "memory": {"policy", "reserved"},
+    "memory": {"policy", "reserved", "pull", "locality-threshold"},
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
     "daemon": {"reconcile-seconds", "release-grace-seconds"},
     "host": {"isolate"},
@@ -114,6 +119,8 @@ class Config:
     reconcile_seconds: float = 10.0
     release_grace_seconds: float = 30.0
     isolate: bool = True
+    memory_pull: bool = True
+    locality_threshold: float = 0.8
 
 
 _DEFAULT = Config()
@@ -161,6 +168,8 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
             "release-grace-seconds", d.release_grace_seconds, 0, 86400
         ),
         isolate=section["host"].boolean("isolate", d.isolate),
+        memory_pull=memory.boolean("pull", d.memory_pull),
+        locality_threshold=memory.fraction("locality-threshold", d.locality_threshold),
     )
 
 
@@ -224,6 +233,12 @@ class _Table:
         value = self.values.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
             raise self.fail(key, f"not a number of seconds from {lo:g} to {hi:g}")
+        return float(value)
+
+    def fraction(self, key: str, default: float) -> float:
+        value = self.values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise self.fail(key, "not a fraction from 0 to 1")
         return float(value)
 
     def string(self, key: str, default: _S) -> str | _S:

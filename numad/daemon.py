@@ -25,8 +25,9 @@ from typing import Any
 from numad import durable, state
 from numad.admission import Books, Engine, Outcome, admit, release
 from numad.cgroup import CgroupPath
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.config import Config
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.enforce import Cgroups, Enforcer, Log, targets
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.health import Problems
@@ -39,6 +40,7 @@ from numad.managers.cpu.topology import CPUTopology
 from numad.managers.device import DeviceInventory, DeviceState
 from numad.managers.memory import MemoryState, MemoryTable
 from numad.metrics import Metrics
+from numad.migration import Migrations
 from numad.policy import Machine, check_machine, parse_options
 from numad.reconcile import Reconciler
 from numad.restore import choose_reserved, distances, reserved_setting, restore
@@ -76,6 +78,19 @@ class Daemon(Views, Reconciler):
         if self.isolation.problem:
             self.health.set("isolation", self.isolation.problem)
         self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)
+        self.migrations = Migrations(
+            self.isolation,
+            cgroups.root if isinstance(cgroups, CgroupV2Backend) else None,
+            self.lock,
+            log=log,
+            metrics=self.metrics,
+            health=self.health,
+            nodes_of=self._nodes_of,
+            pull=config.memory_pull,
+            emulated=bool(getattr(cgroups, "emulate_kernel", False)),
+            on_failed=lambda path: self.enforcer.written.pop(path, None),
+        )
+        self.enforcer.moves = self.migrations
         self.supervisor = Supervisor(log, self.metrics, self.health, clock)
         self.specs: dict[str, WorkloadSpec] = {}
         self.outcomes: dict[str, Outcome] = {}
@@ -91,6 +106,9 @@ class Daemon(Views, Reconciler):
         self.repairs = 0
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
+
+    def _nodes_of(self, cpus: CPUSet) -> NodeSet:
+        return self.topology.nodes_of_cpus(cpus)  # the topology of now (rediscovery)
 
     @property
     def ready(self) -> bool:
@@ -313,6 +331,9 @@ class Daemon(Views, Reconciler):
             self.outcomes.pop(name, None)
             self.gone_since.pop(name, None)
             self.health.clear(f"workload:{name}")
+            self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
+            with contextlib.suppress(KeyError):  # never measured
+                self.metrics.locality.remove(name)
             self._after_commit(lambda: self._enforce(self._release_step))
             self._settle_orphans()
             self.update_gauges()

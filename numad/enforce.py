@@ -40,6 +40,15 @@ class Cgroups(Protocol):
     def descendants(self, path: str) -> list[str]: ...
 
 
+class Moves(Protocol):
+    """Memory moves left to a background worker (``numad.migration.Migrations``)."""
+
+    def narrows(self, path: str, mems: NodeSet) -> bool: ...
+    def narrow(self, path: str, mems: NodeSet) -> None: ...
+    def placed(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> None: ...
+    def drifting(self, path: str) -> bool: ...
+
+
 class Log(Protocol):
     def info(self, event: str, **kw: Any) -> Any: ...
     def warning(self, event: str, **kw: Any) -> Any: ...
@@ -107,6 +116,7 @@ class Enforcer:
         # written there (or recorded in the checkpoint), until a shared write or
         # its removal. No other cgroup is given these CPUs meanwhile.
         self.grants: dict[str, int] = {}
+        self.moves: Moves | None = None  # None: every mems write is made here
 
     def unmanaged(self, roots: Iterable[str], specs: Collection[WorkloadSpec]) -> set[str]:
         """The cgroups inside the managed roots that are no workload's: not a
@@ -258,14 +268,21 @@ class Enforcer:
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
                 self.ensured.add(path)
-            self.cgroups.write(path, CPUSet.from_bits(cpus), mems)
+            # A mems write that moves pages (seconds per GiB) is the mover's, not ours.
+            later = mems is not None and self.moves is not None and self.moves.narrows(path, mems)
+            self.cgroups.write(path, CPUSet.from_bits(cpus), None if later else mems)
             if exclusive:  # the file holds it now, whatever the kernel applies
                 self.grants[path] = cpus
             else:
                 self.grants.pop(path, None)
             self.problems.clear(f"write:{path}")
-            if self._effective(path, CPUSet.from_bits(cpus), mems):
+            if later and mems is not None and self.moves is not None:
+                self.moves.narrow(path, mems)
+            if self._effective(path, CPUSet.from_bits(cpus), None if later else mems):
+                moved = self.written.get(path, (0, None))[0] != cpus
                 self.written[path] = (cpus, mems)
+                if exclusive and moved and self.moves is not None:
+                    self.moves.placed(path, CPUSet.from_bits(cpus), mems)
                 return True
             self.written.pop(path, None)  # the file holds this write, not the value remembered
             return False
@@ -325,7 +342,10 @@ class Enforcer:
         repaired less and less often (up to every 64th pass) instead of fighting the
         other writer. Returns the number of repairs."""
         repairs = 0
-        for path, (cpus, mems) in list(self.written.items()):
+        for path, (cpus, wanted) in list(self.written.items()):
+            # The mover has yet to write the mems: only the CPUs are numad's yet.
+            moving = self.moves is not None and self.moves.drifting(path)
+            mems = None if moving else wanted
             try:
                 now_cpus, now_mems = self.cgroups.read(path)
             except NumadError:

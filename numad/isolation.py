@@ -173,6 +173,10 @@ class Isolation:
     def descendants(self, path: str) -> list[str]:
         return self._backend(path).descendants(path)
 
+    def processes(self, path: str) -> list[int]:
+        backend: Any = self._backend(path)
+        return list(backend.processes(path))
+
     def via(self, path: str) -> str:
         """How numad writes an isolated cgroup: ``systemd UNIT`` or ``cgroupfs``."""
         unit = self.units.get(path)

@@ -144,6 +144,28 @@ class Metrics:
         )
         for loop in LOOPS:
             self.loop_errors.labels(loop)
+        self.memory_moved = Counter(
+            "numad_memory_moved_bytes",
+            "Anonymous bytes moved onto workloads' nodes by the background mover.",
+            registry=r,
+        )
+        self.memory_move_seconds = Counter(
+            "numad_memory_move_seconds",
+            "Time the background mover spent moving workloads' memory.",
+            registry=r,
+        )
+        self.memory_moves = Counter(
+            "numad_memory_moves",
+            "Memory moves finished, by outcome (moved, nothing, skipped, failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.locality = Gauge(
+            "numad_workload_memory_locality_ratio",
+            "Share of a workload's anonymous memory on its own NUMA nodes (memory.numa_stat).",
+            ["workload"],
+            registry=r,
+        )
         self.unplaced = Gauge(
             "numad_unplaced_workloads",
             "Workloads admitted but not placed (their cgroups follow the shared pool),"

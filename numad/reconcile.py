@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from numad.admission import Books, Engine, Outcome, admit
 from numad.config import Config
@@ -25,6 +26,7 @@ from numad.hostfs import HostFS
 from numad.isolation import Isolation
 from numad.managers.cpu.static import StaticPolicy
 from numad.metrics import Metrics
+from numad.migration import Migrations
 from numad.restore import rediscovered
 from numad.spec import WorkloadSpec
 from numad.topology.model import Topology
@@ -41,6 +43,7 @@ class Reconciler:
     health: Problems
     enforcer: Enforcer
     isolation: Isolation
+    migrations: Migrations
     topology: Topology
     cpu_policy: StaticPolicy
     engine: Engine
@@ -57,6 +60,7 @@ class Reconciler:
     stopped: bool
     passes: int
     repairs: int
+    memory_of: Callable[[str], dict[str, Any]]
 
     def _commit(self, books: Books, specs: Mapping[str, WorkloadSpec]) -> None: ...
     def _enforce(self, step: Callable[[str], None] | None = None) -> None: ...
@@ -119,6 +123,7 @@ class Reconciler:
             self._enforce()  # raises to the supervisor: counted, shown, retried
             self.health.clear("enforce")
             self._settle_orphans()
+            self._measure_memory()
         self.log.info(  # the one line per reconcile pass
             "reconcile_completed",
             workloads=len(self.specs),
@@ -155,6 +160,19 @@ class Reconciler:
         for path in sorted(self.others):
             self.enforcer.forget(path)
         self.others = set()
+
+    def _measure_memory(self) -> None:
+        """Each placed workload's locality: exported, and listed in health while it
+        stays below the threshold (not while its memory is being moved)."""
+        for name in sorted(self.specs):
+            memory = self.memory_of(name)
+            if memory["state"] == "shared":
+                continue
+            share = memory["locality"]
+            if share is not None:
+                self.metrics.locality.labels(name).set(share)
+            moving = memory["state"] == "migrating"
+            self.migrations.check(name, share, self.config.locality_threshold, moving)
 
     def _check_root(self) -> None:
         root = getattr(self.cgroups, "root", None)
@@ -219,3 +237,4 @@ class Reconciler:
         with self.lock:
             self.stopped = True
             self._end_isolation()
+        self.migrations.stop()  # outside the lock: the mover's report takes it

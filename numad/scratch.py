@@ -44,6 +44,7 @@ _V1_FILES = {
     "tasks": "",
     "cgroup.clone_children": "0",
     "notify_on_release": "0",
+    "cpuset.memory_migrate": "0",
 }
 
 

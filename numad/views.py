@@ -11,10 +11,11 @@ from typing import Any
 
 from numad.admission import Books, Engine, Outcome, placements
 from numad.config import Config
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError, WorkloadError
 from numad.isolation import Isolation, unmovable
 from numad.metrics import Metrics
+from numad.migration import Migrations
 from numad.spec import WorkloadSpec
 from numad.topology.model import Topology
 
@@ -30,6 +31,7 @@ class Views:
     unplaced: dict[str, str]
     config: Config
     isolation: Isolation
+    migrations: Migrations
     others: set[str]
 
     def list_all(self) -> list[dict[str, Any]]:
@@ -91,7 +93,35 @@ class Views:
             shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
             if name in self.unplaced:
                 shown["unplaced"] = self.unplaced[name]
+            shown["memory"] = self.memory_of(name)
+            shown["state"] = shown["memory"]["state"]
             return shown
+
+    def _memory_nodes(self, name: str) -> tuple[list[str], NodeSet]:
+        """The cgroups of the workload's exclusive containers, and its own nodes: their
+        mems where numad pins them, else their CPUs' nodes."""
+        spec, held = self.specs[name], placements(self.books, name)
+        paths, nodes = [], NodeSet()
+        for c in spec.containers:
+            p = held.get(c.name)
+            if p is not None and p.cpus:
+                paths.append(spec.container_cgroup(c))
+                nodes |= p.mems if p.mems else self.topology.nodes_of_cpus(p.cpus)
+        return paths, nodes
+
+    def memory_of(self, name: str) -> dict[str, Any]:
+        """Where the workload's memory is: its state (``migrating`` while the mover has
+        work for it), its nodes, its locality and the last moves."""
+        with self.lock:
+            paths, nodes = self._memory_nodes(name)
+            share, size = self.migrations.locality(paths, nodes) if paths else (None, 0)
+            return {
+                "state": self.migrations.status(paths) or ("placed" if paths else "shared"),
+                "nodes": str(nodes),
+                "locality": None if share is None else round(share, 4),
+                "anon_bytes": size,
+                "moves": self.migrations.last(paths),
+            }
 
     def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
         """Two workloads never write the same cgroup, nor one inside the other's."""

@@ -667,3 +667,14 @@ def test_v1_cpus_back_online_return_to_the_managed_levels_not_the_leaves(v1: Scr
     assert v1.backend.read("numad.slice/pod/main")[0] == cpus("4")  # numad's write decides
     v1.backend.write("numad.slice/pod/main", cpus("4-5"), None)  # and now may name it again
     assert v1.backend.read("numad.slice/pod/main")[0] == cpus("4-5")
+
+
+def test_v1_sets_memory_migrate_before_the_mems_so_pages_move_with_them(v1: Scratch) -> None:
+    v1.backend.ensure("numad.slice/db")
+    migrate = v1.root / "numad.slice/db/cpuset.memory_migrate"
+    assert migrate.read_text().strip() == "1"  # set with the mems ensure copied down
+    migrate.write_text("0\n")  # as a cgroup some runtime made has it (the kernel's default)
+    v1.backend.write("numad.slice/db", cpus("1-3"), None)
+    assert migrate.read_text().strip() == "0"  # CPUs alone move no memory
+    v1.backend.write("numad.slice/db", None, mems("0"))
+    assert migrate.read_text().strip() == "1"

@@ -147,7 +147,17 @@ class CgroupV1Backend(Hierarchy):
         if cpus is not None:
             self._set_one(cg, d, "cpus", cpus)
         if mems is not None:
+            self._migrate_memory(cg, d)
             self._set_one(cg, d, "mems", mems)
+
+    def _migrate_memory(self, cg: CgroupPath, d: Path) -> None:
+        """v1 moves a cgroup's pages on a mems change only with memory_migrate set
+        (v2 always does); numad sets it before it first narrows a cgroup's mems."""
+        file = d / "cpuset.memory_migrate"
+        with self._failures(cg, "setting cpuset.memory_migrate", d):
+            ctl = _controller(d)
+            if file.is_file() and ctl.get_property(b"cpuset.memory_migrate").strip() != "1":
+                ctl.set_property(b"cpuset.memory_migrate", "1")
 
     def _set_one(self, cg: CgroupPath, d: Path, name: str, ids: _S) -> None:
         file = d / f"cpuset.{name}"
