@@ -175,7 +175,10 @@ def test_units_verify(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-MAX_EXPOSURE = 2.0  # systemd-analyze's scale: 0.0 (locked down) to 10.0 (unprotected)
+# systemd-analyze's scale: 0.0 (locked down) to 10.0 (unprotected). 1.9 before numad
+# pulled memory; migrate_pages (in @resources) and CAP_SYS_PTRACE, which it needs on
+# root workloads, cost 0.2 + 0.3 (the unit's comments say how to drop both).
+MAX_EXPOSURE = 2.2
 
 
 def test_unit_exposure() -> None:
@@ -186,7 +189,7 @@ def test_unit_exposure() -> None:
             analyze,
             "security",
             "--offline=true",
-            f"--threshold={round(MAX_EXPOSURE * 10)}",  # in tenths: fail above 2.0
+            f"--threshold={round(MAX_EXPOSURE * 10)}",  # in tenths: fail above MAX_EXPOSURE
             "--no-pager",
             str(UNITS / "numad.service"),
         ],
