@@ -32,6 +32,7 @@ from numad.enforce import Cgroups, Enforcer, Log, targets
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.health import Problems
 from numad.hostfs import HostFS
+from numad.irqs import IrqAffinity
 from numad.isolation import Isolation, Units, host_parts
 from numad.loops import Supervisor
 from numad.managers.cpu.state import CPUState
@@ -78,6 +79,9 @@ class Daemon(Views, Reconciler):
         if self.isolation.problem:
             self.health.set("isolation", self.isolation.problem)
         self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)
+        self.irqs = IrqAffinity(Path(str(fs.root)) / "proc/irq", state_dir, log)
+        if self.irqs.problem:
+            self.health.set("irqs", self.irqs.problem)
         self.migrations = Migrations(
             self.isolation,
             cgroups.root if isinstance(cgroups, CgroupV2Backend) else None,
@@ -343,6 +347,7 @@ class Daemon(Views, Reconciler):
         self._find_others()  # new ones are isolated as they appear
         wanted = targets(self.books, self.specs, self.orphans, self.others)
         self.enforcer.apply(wanted, self.books.cpu.shared_pool, step)
+        self._place_irqs()
 
     def _after_commit(self, step: Callable[[], None]) -> None:
         """A cgroup step after a commit: the change stands whatever the step raises

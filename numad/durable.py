@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from numad.errors import CheckpointError
 
@@ -195,3 +198,20 @@ def _sync_directory(
     if backup is not None:
         with contextlib.suppress(OSError):  # harmless if left: the next write removes it
             backup.unlink()
+
+
+def read_json(directory: Path, name: str) -> tuple[Any, str | None]:
+    """The JSON in ``directory/name``: (None, None) when there is none; (None, why) when
+    it is unreadable, after moving it aside (``NAME.corrupt.TIME``), never deleting it."""
+    path = directory / name
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        aside = path.with_name(f"{name}.corrupt.{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        return None, f"{path}: unreadable ({err}); kept as {aside}"

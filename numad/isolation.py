@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.durable import write_file
+from numad.durable import read_json, write_file
 from numad.enforce import Cgroups, Log
 from numad.errors import CgroupError, CheckpointError, NumadError
 
@@ -286,27 +286,16 @@ class Isolation:
 def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
     """The record a previous numad left (it stopped without giving everything back),
     or nothing and why it could not be read (numad goes on; the user must look)."""
-    path = state_dir / FILE
+    raw, problem = read_json(state_dir, FILE)
     try:
-        raw: Any = json.loads(path.read_text(encoding="utf-8"))
+        if raw is None:
+            return {}, problem and f"{problem}. The cpusets it lists were numad's to give back"
         cgroups = raw["cgroups"]
-        if not isinstance(cgroups, dict):
-            raise TypeError("cgroups is not an object")
         found = {str(p): {str(k): str(v) for k, v in own.items()} for p, own in cgroups.items()}
         for own in found.values():
             CPUSet.parse_list(own.get("cpus", ""))
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, NumadError) as err:
-        aside = path.with_name(f"{FILE}.corrupt.{time.strftime('%Y%m%dT%H%M%S')}")
-        try:
-            os.replace(path, aside)
-        except OSError:
-            aside = path
-        return {}, (
-            f"{path}: unreadable ({err}); kept as {aside}. The cpusets it lists were"
-            " numad's to give back on stop: restore them by hand"
-        )
+    except (TypeError, KeyError, AttributeError, NumadError) as err:
+        return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); restore by hand"
     return found, None
 
 

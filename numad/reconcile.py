@@ -23,6 +23,7 @@ from numad.enforce import Cgroups, Enforcer, Log
 from numad.errors import CheckpointError, NumadError
 from numad.health import Problems
 from numad.hostfs import HostFS
+from numad.irqs import IrqAffinity
 from numad.isolation import Isolation
 from numad.managers.cpu.static import StaticPolicy
 from numad.metrics import Metrics
@@ -43,6 +44,7 @@ class Reconciler:
     health: Problems
     enforcer: Enforcer
     isolation: Isolation
+    irqs: IrqAffinity
     migrations: Migrations
     topology: Topology
     cpu_policy: StaticPolicy
@@ -153,6 +155,21 @@ class Reconciler:
         for path in self.isolation.mark(self.others, owned):
             self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
 
+    def _place_irqs(self) -> None:
+        """Interrupts off the exclusive CPUs ([host] irq-affinity); turned off, every
+        one numad moved gets its own affinity back."""
+        if self.config.irq_affinity:
+            cpu = self.books.cpu
+            exclusive, pool = CPUSet.from_bits(cpu.exclusive), CPUSet.from_bits(cpu.shared_pool)
+            problems = self.irqs.apply(exclusive, pool)
+            if problems:
+                self.health.set("irqs", "; ".join(problems))
+            else:
+                self.health.clear("irqs")
+        elif self.irqs.originals:
+            for problem in self.irqs.restore():
+                self.log.error("irq_reset_failed", problem=problem)
+
     def _end_isolation(self) -> None:
         """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's)."""
         for problem in self.isolation.restore():
@@ -237,4 +254,6 @@ class Reconciler:
         with self.lock:
             self.stopped = True
             self._end_isolation()
+            for problem in self.irqs.restore() if self.irqs.originals else []:
+                self.log.error("irq_reset_failed", problem=problem)
         self.migrations.stop()  # outside the lock: the mover's report takes it

@@ -13,6 +13,7 @@ from numad.admission import Books, Engine, Outcome, placements
 from numad.config import Config
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError, WorkloadError
+from numad.irqs import IrqAffinity
 from numad.isolation import Isolation, unmovable
 from numad.metrics import Metrics
 from numad.migration import Migrations
@@ -31,6 +32,7 @@ class Views:
     unplaced: dict[str, str]
     config: Config
     isolation: Isolation
+    irqs: IrqAffinity
     migrations: Migrations
     others: set[str]
 
@@ -71,6 +73,7 @@ class Views:
                 "shared": str(CPUSet.from_bits(self.books.cpu.shared_pool)),
                 "isolated": isolated,
                 "unmovable": unmovable(self.isolation.root, exclusive),
+                "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
             }
 
     def show(self, name: str) -> dict[str, Any]:
