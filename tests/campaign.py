@@ -40,6 +40,7 @@ from typing import Any
 import structlog
 
 from numad import durable, state
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
@@ -51,6 +52,7 @@ MACHINE = "32intel64-2p8co2t+8ve"  # 32 CPUs, 2 nodes, 8 vector engines
 ALL = CPUSet.parse_list("0-31")
 NAMES = [f"w{i}" for i in range(12)]
 STRAYS = ["x0", "x1", "x2/inner"]
+TOPS = ["system.slice", "user.slice", "init.scope"]  # beside numad.slice: host isolation
 VE_DEVICES = ["0000:1b:00.0", "0000:1c:00.0", "0000:3d:00.0"]  # of its 8 vector engines
 ERRNOS = ("EBUSY", "EINVAL", "ENOSPC", "EACCES")
 
@@ -306,6 +308,13 @@ class Simulation:
                 self.answered.add(name)
 
     def cgroup_churn(self) -> None:
+        if self.rng.random() < 0.2:  # a top-level cgroup comes or goes (a slice, a scope)
+            top = self.rng.choice(TOPS)
+            if (self.cgroups / top).is_dir():
+                shutil.rmtree(self.cgroups / top)
+            else:
+                CgroupV2Backend(self.cgroups, [top], emulate_kernel=True).ensure(top)
+            return
         name = self.rng.choice(NAMES + STRAYS)  # strays are never admitted: isolated
         path = self.cgroups / "numad.slice" / name
         if path.is_dir():
@@ -396,7 +405,10 @@ class Simulation:
             raise Violation(f"problems left after the faults stopped: {self.daemon.problems}")
         books = self.daemon.books
         mine = {spec.cgroup for spec in self.daemon.specs.values()}
-        for f in (self.cgroups / "numad.slice").glob("**/*/cpuset.cpus"):  # below the root
+        tops = [self.cgroups / t / "cpuset.cpus" for t in TOPS]
+        for f in [*(self.cgroups / "numad.slice").glob("**/*/cpuset.cpus"), *tops]:
+            if not f.exists():
+                continue
             stray = str(f.parent.relative_to(self.cgroups))
             if any(
                 stray == m or m.startswith(f"{stray}/") or stray.startswith(f"{m}/") for m in mine
