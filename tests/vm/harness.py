@@ -10,6 +10,8 @@ The recipe is the one measured in shared/reference/vm-testbed.md:
   host's ``/usr``, ``/etc``, the Python prefix and the project read-only over 9p at
   their host paths, mounts cgroup2 (or a v1 cpuset hierarchy), runs the command with
   the host's bash and powers off;
+- or (``init=`` init-systemd.sh) the same mounts, then the host's own systemd as PID 1
+  with numad as its real unit (tests/vm/test_systemd_vm.py);
 - the command's output and exit code come back through a writable 9p share;
 - KVM when it really works (``/dev/kvm`` usable *and* vmx/svm in the CPU flags),
   otherwise TCG; a timeout per VM; no network device.
@@ -280,13 +282,13 @@ def _depends(ko: bytes) -> list[str]:
 # -- the initramfs ------------------------------------------------------------------------
 
 
-def initramfs(kernel: Kernel, dest: Path) -> Path:
-    """A gzipped newc cpio: busybox, the modules, and init.sh as /init."""
+def initramfs(kernel: Kernel, dest: Path, init: Path = HERE / "init.sh") -> Path:
+    """A gzipped newc cpio: busybox, the modules, and ``init`` (init.sh) as /init."""
     files: list[tuple[str, int, bytes]] = [
         (".vm", 0o40755, b""),
         (".vm/modules", 0o40755, b""),
         (".vm/busybox", 0o100755, BUSYBOX.read_bytes()),
-        ("init", 0o100755, (HERE / "init.sh").read_bytes()),
+        ("init", 0o100755, init.read_bytes()),
         (".vm/modules.load", 0o100644, "".join(f"{m.stem}\n" for m in kernel.modules).encode()),
     ]
     files += [(f".vm/modules/{m.name}", 0o100644, m.read_bytes()) for m in kernel.modules]
@@ -334,8 +336,15 @@ def boot(
     cgroup: str = "v2",
     files: dict[str, str] | None = None,
     timeout: float = VM_TIMEOUT,
+    init: Path = HERE / "init.sh",
+    append: Sequence[str] = (),
 ) -> Result:
-    """Boot ``kernel`` with ``qemu_args`` (topology), run ``command`` in the guest, power off."""
+    """Boot ``kernel`` with ``qemu_args`` (topology), run ``command`` in the guest, power off.
+
+    ``files`` land in the guest's ``/vmctl`` (a name may hold folders); ``init`` is the
+    initramfs's /init (init-systemd.sh hands over to systemd); ``append`` adds kernel
+    arguments.
+    """
     out = workdir / "vmctl"
     out.mkdir(parents=True)
     share_list = shares()
@@ -344,6 +353,7 @@ def boot(
     )
     (out / "cgroup").write_text(cgroup + "\n")
     for name, text in (files or {}).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text, encoding="utf-8")
     guest_env = {
         "PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -358,7 +368,7 @@ def boot(
     script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest_env.items())
     script += f"cd {shlex.quote(str(PROJECT))}\nexec {shlex.join(command)}\n"
     (out / "cmd.sh").write_text(script, encoding="utf-8")
-    initrd = initramfs(kernel, workdir / "initrd.gz")
+    initrd = initramfs(kernel, workdir / "initrd.gz", init)
     console = workdir / "console.log"
     pidfile = workdir / "qemu.pid"
     accel = accelerator()
@@ -373,7 +383,7 @@ def boot(
         "-pidfile", str(pidfile),
         "-kernel", str(kernel.vmlinux),
         "-initrd", str(initrd),
-        "-append", "console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off",
+        "-append", " ".join(("console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off", *append)),
         *qemu_args,
         *_share_args(out, "vmctl", readonly=False),
     ]  # fmt: skip

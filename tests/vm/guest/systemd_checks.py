@@ -1,0 +1,340 @@
+"""In-guest checks: numad as its real unit, under the host's own systemd as PID 1.
+
+Run by tests/vm/test_systemd_vm.py inside a QEMU VM booted with init-systemd.sh
+(``VMTEST=1``), from the unit numad-vm-checks.service; never collected on the host.
+numad runs as systemd/numad.service with systemd/numad.slice, unmodified, plus the
+VM's drop-in numad.service.d/vm.conf (written by the host: the venv's numad with the
+config below, and the one hardening change the venv needs; the drop-in says why).
+
+The checks run in file order in one boot and build on each other, as a host would:
+start, reload with a declared workload, the hardened daemon's writes, the watchdog
+restarting a hung daemon, stop. The helpers of the first section (``systemctl``,
+``show``, ``run_transient``, ``journal``, ``wait_for``) are for further checks too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.api.client import request
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import NumadError
+
+pytestmark = pytest.mark.skipif(not os.environ.get("VMTEST"), reason="runs only inside the VM")
+
+UNIT = "numad.service"
+# Where the drop-in's ExecStart= looks for the config (tests/vm/test_systemd_vm.py).
+CONFIG_DIR = Path("/run/numad-vm")
+WORKLOADS = CONFIG_DIR / "workloads.d"
+# The unit's own directories: RuntimeDirectory=numad, StateDirectory=numad.
+SOCKET = "/run/numad/numad.sock"
+STATE = Path("/var/lib/numad")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NUMAD = [str(Path(sys.executable).parent / "numad")]
+KERNEL = os.environ.get("VMTEST_KERNEL", "")  # "6.1", "6.12"
+WAIT = 90.0  # seconds; emulated CPUs are 10-30x slower than the host's
+# Outside /tmp: PrivateTmp=yes gives numad a /tmp of its own.
+CONFIG = f"""
+[topology]
+policy = "best-effort"
+
+[cpu]
+reserved-cpus = "0"
+
+[memory]
+policy = "static"
+
+[paths]
+cgroup-root = "{CGROUP_ROOT}"
+managed-roots = ["numad.slice"]
+state-dir = "{STATE}"
+socket = "{SOCKET}"
+workloads-dir = "{WORKLOADS}"
+
+[daemon]
+reconcile-seconds = 2
+
+[metrics]
+port = 0
+"""
+
+
+# -- helpers: systemd, numad, the kernel's files --------------------------------------------
+
+
+def systemctl(*args: str, check: bool = True, timeout: float = WAIT) -> str:
+    """``systemctl ARGS`` (through PID 1's private socket, as root needs no D-Bus)."""
+    proc = subprocess.run(
+        ["systemctl", "--no-pager", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"systemctl {' '.join(args)}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+            f"\n{journal(UNIT)[-3000:]}"
+        )
+    return proc.stdout.strip()
+
+
+def show(unit: str, *props: str) -> dict[str, str]:
+    """Properties of ``unit`` as ``systemctl show`` has them (every value a string)."""
+    out = systemctl("show", unit, *(f"--property={p}" for p in props))
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def prop(unit: str, name: str) -> str:
+    return show(unit, name)[name]
+
+
+def main_pid(unit: str = UNIT) -> int:
+    return int(prop(unit, "MainPID"))
+
+
+def run_transient(name: str, *command: str, slice_: str = "numad.slice", **props: str) -> str:
+    """Start ``command`` as the transient service ``NAME.service`` in ``slice_`` (each
+    keyword a unit property, ``Delegate="cpuset"``); its cgroup is ``slice_/NAME.service``.
+    Returns once the process runs (Type=exec)."""
+    unit = f"{name}.service"
+    argv = ["systemd-run", f"--unit={unit}", f"--slice={slice_}", "--property=Type=exec"]
+    argv += [f"--property={k}={v}" for k, v in props.items()]
+    proc = subprocess.run([*argv, *command], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"systemd-run {unit}: exit {proc.returncode}\n{proc.stderr}")
+    return unit
+
+
+def journal(unit: str) -> str:
+    """The unit's journal lines of this boot, messages only."""
+    return subprocess.run(
+        ["journalctl", "--no-pager", "-b", "-o", "cat", "-u", unit],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+
+
+def events(unit: str = UNIT) -> list[dict[str, Any]]:
+    """numad's structured log lines (JSON under journald) from the unit's journal."""
+    found = []
+    for line in journal(unit).splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def api(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    text = None if body is None else json.dumps(body)
+    return request(SOCKET, method, path, text, timeout=60)
+
+
+def answers() -> bool:
+    """The API answers and says numad is ready."""
+    try:
+        return bool(api("GET", "/v1/health").get("ready"))
+    except (NumadError, OSError):
+        return False
+
+
+def numad_cli(*args: str) -> str:
+    proc = subprocess.run([*NUMAD, *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"numad {' '.join(args)}: exit {proc.returncode}\n{proc.stderr}")
+    return proc.stdout
+
+
+def workloads() -> dict[str, dict[str, Any]]:
+    return {w["name"]: w for w in api("GET", "/v1/workloads")["workloads"]}
+
+
+def cpuset(cgroup: str, what: str) -> str:
+    """``cpuset.WHAT`` of ``cgroup`` (relative to the cgroup root)."""
+    return (CGROUP_ROOT / cgroup / f"cpuset.{what}").read_text().strip()
+
+
+def allowed(pid: int) -> tuple[CPUSet, NodeSet]:
+    status = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return (
+        CPUSet.parse_list(status["Cpus_allowed_list"].strip()),
+        NodeSet.parse_list(status["Mems_allowed_list"].strip()),
+    )
+
+
+def declare(name: str, cgroup: str, **fields: Any) -> Path:
+    """A workload spec in the workloads directory (numad reads it on start and reload)."""
+    spec = WORKLOADS / f"{name}.json"
+    spec.write_text(json.dumps({"name": name, "cgroup": cgroup, **fields}))
+    return spec
+
+
+@pytest.fixture(scope="module", autouse=True)
+def guest_config() -> Iterator[None]:
+    WORKLOADS.mkdir(parents=True, exist_ok=True)
+    (CONFIG_DIR / "numad.toml").write_text(CONFIG)
+    yield
+    print(journal(UNIT)[-6000:])
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+# The workload the checks share: a transient unit in numad.slice, declared in
+# workloads.d, one exclusive CPU and memory pinned to its nodes.
+WORKLOAD = "wl1"
+WORKLOAD_CGROUP = f"numad.slice/{WORKLOAD}.service"
+PLACED: dict[str, str] = {}  # what numad decided for it: cpus, mems
+
+
+def test_start_returns_once_numad_is_ready() -> None:
+    loaded = show(UNIT, "FragmentPath", "DropInPaths", "ExecStart")
+    fragment = Path(loaded["FragmentPath"])  # the project's unit, byte for byte
+    assert fragment.read_bytes() == Path("systemd", fragment.name).read_bytes(), loaded
+    assert loaded["DropInPaths"].endswith("numad.service.d/vm.conf"), loaded
+    assert str(CONFIG_DIR / "numad.toml") in loaded["ExecStart"], loaded
+    systemctl("start", UNIT)  # Type=notify: returns on READY=1
+    # No waiting from here on: READY=1 promised a listening, ready API.
+    assert systemctl("is-active", UNIT, check=False) == "active"
+    assert api("GET", "/v1/health")["ready"]
+    assert json.loads(numad_cli("list", "--socket", SOCKET)) == {"workloads": []}
+    state = show(UNIT, "NRestarts", "StatusText", "WatchdogUSec", "Result", "SubState")
+    assert state["NRestarts"] == "0", state
+    assert state["Result"] == "success", state
+    assert state["SubState"] == "running", state
+    assert state["WatchdogUSec"] == "30s", state  # the unit's WatchdogSec=30
+    assert state["StatusText"], state  # numad's STATUS= reached systemd
+    started = [e["event"] for e in events()]
+    assert "api_listening" in started, started
+
+
+def test_reload_admits_a_workload_declared_in_workloads_d() -> None:
+    unit = run_transient(WORKLOAD, "sleep", "infinity")
+    assert (CGROUP_ROOT / WORKLOAD_CGROUP).is_dir()  # systemd made the workload's cgroup
+    declare(WORKLOAD, WORKLOAD_CGROUP, cpus=1, memory="32Mi")
+    assert WORKLOAD not in workloads()  # declared, not read yet
+    systemctl("reload", UNIT)
+    # ExecReload= only sends SIGHUP: numad answers RELOADING=1 ... READY=1, which
+    # systemd 252 may see after `systemctl reload` has returned.
+    wait_for(lambda: WORKLOAD in workloads(), "numad to admit the declared workload")
+    main = workloads()[WORKLOAD]["containers"]["main"]
+    PLACED.update(cpus=main["cpus"], mems=main["mems"])
+    cpus = CPUSet.parse_list(PLACED["cpus"])
+    assert len(cpus) == 1, PLACED
+    assert NodeSet.parse_list(PLACED["mems"]), "a memory request pins memory to NUMA nodes"
+    assert systemctl("is-active", UNIT, check=False) == "active"
+    if KERNEL == "6.1" and not cpuset_enabled("numad.slice"):
+        known_cpuset_failure(unit)
+    assert cpuset_enabled(""), "numad enables cpuset at the root"
+    assert cpuset_enabled("numad.slice"), "and in numad.slice"
+    wait_for(lambda: allowed(main_pid(unit))[0] == cpus, "the workload's process on its CPU")
+
+
+def cpuset_enabled(cgroup: str) -> bool:
+    """cpuset is on for the children of ``cgroup`` (its cgroup.subtree_control)."""
+    return "cpuset" in (CGROUP_ROOT / cgroup / "cgroup.subtree_control").read_text().split()
+
+
+def known_cpuset_failure(unit: str) -> None:
+    """The unit's CapabilityBoundingSet=CAP_DAC_OVERRIDE on Linux 6.1: enabling cpuset
+    moves every process below into a new cpuset, and 6.1's cpuset_can_attach() asks
+    security_task_setscheduler() for each; cap_safe_nice() refuses (EPERM) a process
+    whose capabilities numad lacks (PID 1, any root service) unless numad has
+    CAP_SYS_NICE. 6.12 skips that check when the CPUs and nodes do not change.
+
+    Expected exactly so; then the workload unit is restarted the way numad.slice
+    documents for workload units, with Delegate=cpuset (systemd, with every capability,
+    enables cpuset down to it), so that the checks after this one still test the
+    hardened daemon's own writes. The restart keeps the placement (the cgroup is back
+    within release-grace-seconds)."""
+    refused = [
+        e["problem"]
+        for e in events()
+        if e["event"] == "cgroup_write_failed"
+        and "'+cpuset' to cgroup.subtree_control: permission denied" in e.get("problem", "")
+    ]
+    assert refused, f"no cpuset in numad.slice, and not for the known reason:\n{journal(UNIT)}"
+    systemctl("stop", unit)
+    run_transient(WORKLOAD, "sleep", "infinity", Delegate="cpuset")
+    cpus = CPUSet.parse_list(PLACED["cpus"])
+    wait_for(lambda: allowed(main_pid(unit))[0] == cpus, "numad's next pass to apply the cpuset")
+    pytest.xfail(
+        "numad.service lacks CAP_SYS_NICE, which Linux 6.1 needs to enable cpuset above"
+        f" processes with more capabilities than numad's: {refused[0]}"
+    )
+
+
+def test_the_hardened_unit_still_writes_cgroups_and_checkpoint() -> None:
+    """ProtectSystem=strict with ReadWritePaths=, PrivateTmp=, the system call filter and
+    the bounded capabilities leave numad its three writable places."""
+    cpus, mems = CPUSet.parse_list(PLACED["cpus"]), NodeSet.parse_list(PLACED["mems"])
+    assert CPUSet.parse_list(cpuset(WORKLOAD_CGROUP, "cpus")) == cpus
+    assert NodeSet.parse_list(cpuset(WORKLOAD_CGROUP, "mems")) == mems
+    assert CPUSet.parse_list(cpuset(WORKLOAD_CGROUP, "cpus.effective")) == cpus
+    assert NodeSet.parse_list(cpuset(WORKLOAD_CGROUP, "mems.effective")) == mems
+    assert allowed(main_pid(f"{WORKLOAD}.service")) == (cpus, mems)
+    checkpoint = STATE / "checkpoint.json"
+    assert checkpoint.is_file(), sorted(p.name for p in STATE.iterdir())
+    assert f'"{WORKLOAD}"'.encode() in checkpoint.read_bytes()
+    assert Path(SOCKET).is_socket()
+
+
+def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
+    before = show(UNIT, "MainPID", "NRestarts")
+    hung = int(before["MainPID"])
+    os.kill(hung, signal.SIGSTOP)  # alive, pinging nobody
+
+    def restarted() -> bool:
+        now = show(UNIT, "MainPID", "NRestarts", "ActiveState")
+        return (
+            int(now["NRestarts"]) > int(before["NRestarts"])
+            and now["ActiveState"] == "active"
+            and int(now["MainPID"]) not in (0, hung)
+        )
+
+    # WatchdogSec=30, SIGABRT, RestartSec=2s, then a start under emulation.
+    wait_for(restarted, "systemd to restart the hung numad", timeout=150)
+    assert "Watchdog timeout" in journal(UNIT), journal(UNIT)[-3000:]
+    assert not Path(f"/proc/{hung}").exists()
+    assert answers(), "active means READY=1: the new numad answers at once"
+    main = workloads()[WORKLOAD]["containers"]["main"]
+    assert (main["cpus"], main["mems"]) == (PLACED["cpus"], PLACED["mems"])
+    assert cpuset(WORKLOAD_CGROUP, "cpus") == PLACED["cpus"]
+    assert allowed(main_pid(f"{WORKLOAD}.service"))[0] == CPUSet.parse_list(PLACED["cpus"])
+
+
+def test_stop_is_clean() -> None:
+    systemctl("stop", UNIT)
+    state = show(UNIT, "ActiveState", "Result", "ExecMainStatus", "MainPID")
+    assert state == {
+        "ActiveState": "inactive",
+        "Result": "success",
+        "ExecMainStatus": "0",
+        "MainPID": "0",
+    }, state
+    assert "daemon_stopped" in [e["event"] for e in events()]
+    assert not Path(SOCKET).parent.exists()  # RuntimeDirectory= removed with the unit
+    assert "Traceback" not in journal(UNIT)
+    systemctl("stop", f"{WORKLOAD}.service")
