@@ -78,6 +78,7 @@ class Isolation:
         self.v1 = v1
         self.sleep = sleep
         self.isolated: set[str] = set()
+        self.online = CPUSet()  # the online CPUs, set by the daemon: "every CPU" on stop
         self.host: Cgroups | None = None
         self.tops: set[str] = set()
         self.units: dict[str, str | None] = {}  # path -> systemd unit owning it, or None
@@ -253,11 +254,19 @@ class Isolation:
         """Write the cgroup's own setting back; the problem if that failed."""
         own = self.originals[path]
         cpus = CPUSet.parse_list(own.get("cpus", ""))
+        # v2 refuses an empty cpuset.cpus in a cgroup with tasks (ENOSPC), and so
+        # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
+        every = cpus or self.online
         try:
             if own.get("via") == "systemd" and self.systemd is not None:
-                self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
-            elif self._backend(path).exists(path):  # empty: v2 inherits, v1 copies
-                self._backend(path).write(path, cpus, None)
+                self.systemd.set_allowed(own["unit"], every, None, runtime=True)
+                if not cpus:  # the property unset, as before (the file keeps every CPU)
+                    self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
+            elif self._backend(path).exists(path):
+                self._backend(path).write(path, every, None)
+                if not cpus and not self.v1:  # inherit again where the kernel allows it
+                    with contextlib.suppress(NumadError):
+                        self._backend(path).write(path, cpus, None)
         except NumadError as err:
             return f"{path}: cannot give its cpuset back: {err}"
         self.log.info("cgroup_isolation_ended", cgroup=path, cpus=own.get("cpus") or "all")

@@ -138,6 +138,7 @@ class Reconciler:
         """The cgroups that are no workload's, isolated as they appear: the other
         top-level cgroups and the unmanaged ones inside the managed roots. With
         isolation turned off, the ones isolated before get their own cpusets back."""
+        self.isolation.online = self.topology.online_cpus
         if not self.config.isolate:
             if self.isolation.originals:
                 self._end_isolation()

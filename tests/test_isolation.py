@@ -4,6 +4,7 @@ CPU back when numad stops. On the recorded 2-socket machine with a scratch v2 tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from numad.cgroup.v2 import CgroupV2Backend
 from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
+from numad.errors import CgroupError
 from numad.scratch import scratch_mkdir
 from numad.service import build
 from tests.conftest import Machines, recorded_daemon
@@ -219,7 +221,8 @@ class FakeSystemd:
         self.allowed_cpus[name] = cpus
         if not self.broken:
             path = self.units[name].lstrip("/")
-            CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, None)
+            with contextlib.suppress(CgroupError):  # ENOSPC: systemd logs it and goes on
+                CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, None)
 
 
 def test_units_systemd_owns_are_isolated_through_systemd(
@@ -304,3 +307,23 @@ def test_the_host_view_shows_each_isolated_cgroup_and_how(
     ]
     assert {"cgroup": "init.scope", "via": "cgroupfs", "cpus": pool} in view["isolated"]
     assert view["unmovable"] == {"tasks": [], "not_shown": 0}  # the scratch root has none
+
+
+def test_a_cgroup_with_tasks_gets_every_cpu_back_though_v2_refuses_an_empty_cpuset(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """v2 answers ENOSPC to an empty cpuset.cpus in a cgroup with tasks (the scratch
+    kernel too): systemd's own reset fails there, seen under the real systemd."""
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "system.slice/cgroup.procs").write_text("1\n")
+    fake = FakeSystemd(_tree(daemon), {"init.scope": "/init.scope"})
+    (_tree(daemon) / "init.scope/cgroup.procs").write_text("1\n")
+    daemon.isolation.systemd = fake
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    assert _cpus(daemon, "system.slice") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon.stop()
+    online = daemon.topology.online_cpus
+    assert _cpus(daemon, "system.slice") == online  # every CPU, not numad's pool
+    assert _cpus(daemon, "init.scope") == online
+    assert fake.allowed_cpus["init.scope"] == CPUSet()  # the property unset, as before
+    assert not daemon.problems
