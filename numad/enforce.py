@@ -43,8 +43,8 @@ class Cgroups(Protocol):
 class Moves(Protocol):
     """Memory moves left to a background worker (``numad.migration.Migrations``)."""
 
-    def narrows(self, path: str, mems: NodeSet) -> bool: ...
-    def narrow(self, path: str, mems: NodeSet) -> None: ...
+    def interim(self, path: str, mems: NodeSet) -> NodeSet | None: ...
+    def narrow(self, path: str, mems: NodeSet, wide: NodeSet) -> None: ...
     def placed(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> None: ...
     def drifting(self, path: str) -> bool: ...
 
@@ -268,17 +268,21 @@ class Enforcer:
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
                 self.ensured.add(path)
-            # A mems write that moves pages (seconds per GiB) is the mover's, not ours.
-            later = mems is not None and self.moves is not None and self.moves.narrows(path, mems)
-            self.cgroups.write(path, CPUSet.from_bits(cpus), None if later else mems)
+            # A mems write that moves pages (seconds per GiB) is the mover's: the file
+            # holds the old and new nodes meanwhile.
+            wide = None
+            if mems is not None and self.moves is not None:
+                wide = self.moves.interim(path, mems)
+            now = mems if wide is None else wide
+            self.cgroups.write(path, CPUSet.from_bits(cpus), now)
             if exclusive:  # the file holds it now, whatever the kernel applies
                 self.grants[path] = cpus
             else:
                 self.grants.pop(path, None)
             self.problems.clear(f"write:{path}")
-            if later and mems is not None and self.moves is not None:
-                self.moves.narrow(path, mems)
-            if self._effective(path, CPUSet.from_bits(cpus), None if later else mems):
+            if wide is not None and mems is not None and self.moves is not None:
+                self.moves.narrow(path, mems, wide)
+            if self._effective(path, CPUSet.from_bits(cpus), now):
                 moved = self.written.get(path, (0, None))[0] != cpus
                 self.written[path] = (cpus, mems)
                 if exclusive and moved and self.moves is not None:

@@ -7,9 +7,11 @@ migrate_pages(2); it writes no file (``narrow_job`` runs the daemon's write).
 
 Kernel behaviour (measured on the VM kernels 6.1 and 6.12): on v2 a write that
 narrows ``cpuset.mems`` migrates the cgroup's pages inside the write(), slowly
-(about 1 s per 64 MiB under emulation), hence the worker; a write that keeps the
-old node moves nothing, and migrate_pages(2) then moves the pages. On v1 a mems
-change moves pages only where ``cpuset.memory_migrate`` is 1.
+(about 1 s per 64 MiB under emulation), and any other cpuset write made
+meanwhile waits for it (benchmarks/migration.py saw an admission wait 4.1 s);
+a write that keeps the old node moves nothing, and migrate_pages(2) then moves
+the pages without holding up anyone's cpuset writes. On v1 a mems change moves
+pages only where ``cpuset.memory_migrate`` is 1.
 """
 
 from __future__ import annotations
@@ -283,18 +285,39 @@ def narrow_job(
     cgroup_dir: Path,
     to: NodeSet,
     *,
+    pids: Callable[[], list[int]] = list,
     read_anon: AnonReader = read_anon_by_node,
+    migrate: Callable[[int, NodeSet, NodeSet], int] = migrate_pages,
     clock: Clock = time.monotonic,
 ) -> Job:
-    """A job that runs ``write`` (the daemon's cpuset.mems write, which migrates) and measures.
+    """A job that moves the cgroup's pages onto ``to``, then runs ``write`` (the
+    daemon's cpuset.mems write, narrowing the cgroup to ``to``) and measures.
 
-    The write always runs; NOTHING says no anon bytes were off ``to`` before it.
-    Without numa_stat the bytes are not measured (MOVED, bytes_moved 0).
+    The daemon has widened the cgroup's mems to old and new nodes first (a write
+    that moves nothing). The pages move with migrate_pages(2), process by process,
+    on this thread: a mems write that moves them itself (v2; v1 with
+    memory_migrate) does it in the kernel's cpuset workqueue, and *every* cpuset
+    write on the host flushes that queue before it returns (cpuset_write_resmask,
+    kernel/cgroup/cpuset.c), so numad's other writes would wait for the move.
+    The narrowing write then finds little left to move. Where migrate_pages is
+    refused (EPERM: no CAP_SYS_PTRACE for a root workload) the write moves them,
+    slowly, and the result says so.
     """
 
     def job() -> MoveResult:
         before = read_anon(cgroup_dir)
         start = clock()
+        off = NodeSet(n for n, size in (before or {}).items() if n not in to and size > 0)
+        not_moved = gone = 0
+        refused: str | None = None
+        for pid in pids() if off else []:
+            try:
+                not_moved += migrate(pid, off, to)
+            except ProcessLookupError:
+                gone += 1
+            except OSError as err:
+                refused = f"migrate_pages: {err}; the mems write moved them"
+                break
         write()
         seconds = clock() - start
         after = read_anon(cgroup_dir)
@@ -302,8 +325,14 @@ def narrow_job(
             return MoveResult(Outcome.MOVED, seconds=seconds, detail="written, not measured")
         wanted = off_bytes(before, to)
         moved = max(wanted - off_bytes(after, to), 0)
-        outcome = Outcome.MOVED if wanted else Outcome.NOTHING
-        return MoveResult(outcome, bytes_moved=moved, seconds=seconds, detail=f"to nodes {to}")
+        return MoveResult(
+            Outcome.MOVED if wanted else Outcome.NOTHING,
+            bytes_moved=moved,
+            seconds=seconds,
+            detail=refused or f"to nodes {to}",
+            pages_not_moved=not_moved,
+            pids_gone=gone,
+        )
 
     return job
 

@@ -3,11 +3,13 @@
 Daemon side. The enforcer asks ``Migrations`` before it writes a cgroup's
 ``cpuset.mems``:
 
-- a write that narrows the nodes the cgroup may use (cgroup v2 migrates the
-  cgroup's pages inside that write, seconds per GiB) is left to the background
+- a write that narrows the nodes the cgroup may use is left to the background
   mover when the cgroup has memory off the new nodes: the enforcer writes the
-  CPUs now, the mover writes the mems, one workload at a time, never under the
-  daemon's lock or on the API path;
+  CPUs and the old and new nodes together now (a write that moves nothing); the
+  mover moves the pages with migrate_pages(2), then narrows the mems, one
+  workload at a time, never under the daemon's lock or on the API path. The
+  narrowing write alone would move them inside the kernel's cpuset workqueue,
+  which every cpuset write on the host waits for: numad's admissions too;
 - an exclusive placement whose mems do not pin memory to its CPUs' nodes
   (memory policy ``none``, or mems wider than those nodes) gets its pages there
   pulled with migrate_pages(2) where they fit (``[memory] pull``), like Red Hat's
@@ -62,6 +64,7 @@ class Migrations:
         on_failed: Callable[[str], object] = lambda path: None,
         read_anon: AnonReader = read_anon_by_node,
         make_pull: Callable[..., Any] = pull_job,
+        make_narrow: Callable[..., Any] = narrow_job,
     ) -> None:
         self.cgroups = cgroups
         self.root = root  # the v2 hierarchy's directory; None: nothing is measured
@@ -74,8 +77,10 @@ class Migrations:
         self.emulated = emulated  # a scratch tree: no pages, writes are instant
         self.read_anon = read_anon
         self.make_pull = make_pull
+        self.make_narrow = make_narrow
         self.on_failed = on_failed  # a mems write failed: the enforcer writes it again
         self.pending: dict[str, NodeSet] = {}  # cgroup -> mems the mover has yet to write
+        self.pending_wide: dict[str, NodeSet] = {}  # cgroup -> what it holds meanwhile
         self.low: dict[str, int] = {}  # workload -> passes in a row below the threshold
         self._mover: Mover | None = None  # its thread starts with the first move
 
@@ -87,31 +92,38 @@ class Migrations:
 
     # -- asked by the enforcer, under the daemon's lock --------------------------------------
 
-    def narrows(self, path: str, mems: NodeSet) -> bool:
-        """Whether writing ``mems`` must be left to the mover: it drops a node the
-        cgroup may use now, and the cgroup has (or may have: not measured on a real
-        host) memory on the nodes it loses."""
+    def interim(self, path: str, mems: NodeSet) -> NodeSet | None:
+        """The mems to write now when writing ``mems`` would move pages: the nodes the
+        cgroup may use now and the new ones (a write that moves nothing); None when
+        ``mems`` can be written at once. The mover moves the pages, then narrows."""
         if path in self.pending:
-            return True
+            return self.pending_wide.get(path)
         try:
             now = self.cgroups.read_effective(path)[1]
         except NumadError:
-            return False  # the write itself will say what is wrong
+            return None  # the write itself will say what is wrong
         if not now - mems:
-            return False
+            return None
         by_node = self._anon(path)
-        if by_node is None:
-            return not self.emulated
-        return off_bytes(by_node, mems) > 0
+        if by_node is None and self.emulated:
+            return None  # a scratch tree: no pages
+        if by_node is not None and not off_bytes(by_node, mems):
+            return None
+        return now | mems
 
-    def narrow(self, path: str, mems: NodeSet) -> None:
-        """Queue the mems write that moves the cgroup's pages."""
+    def narrow(self, path: str, mems: NodeSet, wide: NodeSet) -> None:
+        """Queue the move of the cgroup's pages onto ``mems`` and the mems write after."""
         self.pending[path] = mems
+        self.pending_wide[path] = wide
 
         def write() -> None:
             self.cgroups.write(path, None, mems)
 
-        self.mover.submit(path, narrow_job(write, self._dir(path), mems, read_anon=self.read_anon))
+        def pids() -> list[int]:
+            return self._pids(path)
+
+        job = self.make_narrow(write, self._dir(path), mems, pids=pids, read_anon=self.read_anon)
+        self.mover.submit(path, job)
 
     def placed(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> None:
         """An exclusive set was granted: pull the pages that sit off its CPUs' nodes."""
@@ -140,6 +152,7 @@ class Migrations:
     def _done(self, path: str, result: MoveResult) -> None:
         with self.lock:
             mems = self.pending.pop(path, None)
+            self.pending_wide.pop(path, None)
             self.metrics.memory_moves.labels(result.outcome.value).inc()
             self.metrics.memory_moved.inc(result.bytes_moved)
             self.metrics.memory_move_seconds.inc(result.seconds)

@@ -13,7 +13,7 @@ from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
-from numad.memory_move import pull_job
+from numad.memory_move import narrow_job, pull_job
 from numad.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
@@ -192,4 +192,35 @@ def test_a_failed_move_is_shown_and_the_mems_written_again(
     assert daemon.migrations.mover.drain(10)
     daemon.reconcile()
     assert not any("moving its memory failed" in p for p in daemon.problems)
+    daemon.stop()
+
+
+def test_pages_move_with_migrate_pages_before_the_mems_narrow(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The mems write alone would move the pages in the kernel's cpuset workqueue,
+    which every other cpuset write waits for (benchmarks/migration.py measured an
+    admission held 4.1 s): the cgroup holds the old and new nodes while the mover
+    moves the pages process by process, and only then narrows."""
+    daemon, pages = _daemon(machines, tmp_path, "static", home=1)
+    moved: list[tuple[int, NodeSet, NodeSet]] = []
+
+    def migrate(pid: int, old: NodeSet, new: NodeSet) -> int:
+        moved.append((pid, old, new))
+        pages.where["numad.slice/db"] = min(new)
+        return 0
+
+    daemon.migrations.make_narrow = functools.partial(narrow_job, migrate=migrate)
+    slow = SlowMems(daemon.isolation.cgroups)
+    daemon.isolation.cgroups = slow
+    (pages.tree / "numad.slice/db/cgroup.procs").write_text("4242\n")
+    _admit(daemon, "db", memory="1Gi")
+    assert slow.waiting.wait(10)  # the mover is at the narrowing write
+    mems_file = pages.tree / "numad.slice/db/cpuset.mems"
+    assert NodeSet.parse_list(mems_file.read_text()) == NodeSet([0, 1])  # old and new
+    assert moved == [(4242, NodeSet([1]), NodeSet([0]))]  # already moved, by the mover
+    slow.go.set()
+    assert daemon.migrations.mover.drain(10)
+    assert NodeSet.parse_list(mems_file.read_text()) == NodeSet([0])
+    assert daemon.show("db")["memory"]["moves"][0]["bytes_moved"] == 64 * MIB
     daemon.stop()
