@@ -338,6 +338,7 @@ def boot(
     timeout: float = VM_TIMEOUT,
     init: Path = HERE / "init.sh",
     append: Sequence[str] = (),
+    tcg_threads: str = "single",
 ) -> Result:
     """Boot ``kernel`` with ``qemu_args`` (topology), run ``command`` in the guest, power off.
 
@@ -375,7 +376,7 @@ def boot(
     argv = [
         QEMU,
         "-machine", "q35",
-        "-accel", "kvm" if accel == "kvm" else "tcg,thread=single,tb-size=256",
+        "-accel", "kvm" if accel == "kvm" else f"tcg,thread={tcg_threads},tb-size=256",
         "-cpu", "host" if accel == "kvm" else "max,vendor=GenuineIntel",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-nic", "none",
         "-m", f"{memory_mib}M",
