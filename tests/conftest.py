@@ -72,3 +72,17 @@ def recorded_daemon(
     daemon.start()
     scratch_mkdir(root / "sys/fs/cgroup", "numad.slice/db")
     return daemon
+
+
+def restarted_daemon(daemon: Daemon, extra: dict[str, Any] | None = None) -> Daemon:
+    """A new daemon on ``recorded_daemon``'s machine, state and cgroups, as after a stop
+    or SIGKILL (``extra``: config sections that differ now)."""
+    raw: dict[str, Any] = {
+        "topology": {"policy": "single-numa-node"},
+        "cpu": {"reserved-count": 2},
+        "memory": {"policy": "none"},
+        **(extra or {}),
+    }
+    new = build(parse(raw), str(daemon.fs.root))
+    new.start()
+    return new

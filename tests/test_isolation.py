@@ -12,13 +12,11 @@ import pytest
 
 from numad import isolation
 from numad.cgroup.v2 import CgroupV2Backend
-from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
 from numad.scratch import scratch_mkdir
-from numad.service import build
-from tests.conftest import Machines, recorded_daemon
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
 
 
 def _tree(daemon: Daemon) -> Path:
@@ -108,18 +106,6 @@ def _host_tree(machines: Machines, tmp_path: Path, **extra: object) -> Daemon:
     return daemon
 
 
-def rebuilt(daemon: Daemon) -> Daemon:
-    """numad started again on the same machine, state and cgroups (as after SIGKILL)."""
-    raw = {
-        "topology": {"policy": "single-numa-node"},
-        "cpu": {"reserved-count": 2},
-        "memory": {"policy": "none"},
-    }
-    new = build(parse(raw), str(daemon.fs.root))
-    new.start()
-    return new
-
-
 def test_the_other_top_level_cgroups_stay_off_exclusive_cpus(
     machines: Machines, tmp_path: Path
 ) -> None:
@@ -159,7 +145,7 @@ def test_a_crashed_numad_leaves_the_record_and_the_next_one_gives_everything_bac
     daemon.reconcile()
     assert _cpus(daemon, "user.slice") != CPUSet.parse_list("2-5")
     # SIGKILL: no stop. The next numad reads what was the cgroups' own, not its own writes.
-    again = rebuilt(daemon)
+    again = restarted_daemon(daemon)
     again.reconcile()
     again.release("db")
     again.stop()
@@ -171,7 +157,7 @@ def test_an_unreadable_record_is_kept_aside_and_shown(machines: Machines, tmp_pa
     daemon = _host_tree(machines, tmp_path)
     daemon.reconcile()
     (daemon.state_dir / "isolation.json").write_text("{not json")
-    again = rebuilt(daemon)
+    again = restarted_daemon(daemon)
     assert any("isolation.json: unreadable" in p for p in again.problems)
     assert list(again.state_dir.glob("isolation.json.corrupt.*"))
 

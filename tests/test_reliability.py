@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from numad import durable, state
-from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError, CheckpointError
@@ -27,9 +26,8 @@ from numad.instance import InstanceError, acquire
 from numad.loops import Supervisor, hotplug_loop, watchdog_loop
 from numad.metrics import Metrics
 from numad.scratch import scratch_mkdir
-from numad.service import build
 from numad.watch import Event
-from tests.conftest import Machines, recorded_daemon
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
 
 NODE0 = CPUSet.parse_list("0-7,16-23")
 
@@ -83,19 +81,6 @@ def _held(daemon: Daemon, name: str) -> CPUSet:
 
 def _loop_errors(daemon: Daemon, loop: str) -> float | None:
     return daemon.metrics.registry.get_sample_value("numad_loop_errors_total", {"loop": loop})
-
-
-def _restart(daemon: Daemon, extra: dict[str, Any] | None = None) -> Daemon:
-    """A new daemon on the same machine, state and cgroups, as after a stop or SIGKILL."""
-    raw: dict[str, Any] = {
-        "topology": {"policy": "single-numa-node"},
-        "cpu": {"reserved-count": 2},
-        "memory": {"policy": "none"},
-        **(extra or {}),
-    }
-    new = build(parse(raw), str(daemon.fs.root))
-    new.start()
-    return new
 
 
 # -- supervision ---------------------------------------------------------------------------
@@ -274,7 +259,7 @@ def test_a_cpu_offline_while_numad_was_stopped_is_replaced_on_its_node(
     victim = before.max()
     online = Path(str(daemon.fs.root)) / "sys/devices/system/cpu/online"
     online.write_text((CPUSet.parse_list("0-31") - CPUSet([victim])).format_list() + "\n")
-    again = _restart(daemon)
+    again = restarted_daemon(daemon)
     after = _held(again, "db")
     assert len(after) == 4
     assert victim not in after
@@ -291,7 +276,7 @@ def test_a_workload_that_no_longer_fits_stays_unplaced_on_the_pool_and_comes_bac
     daemon = recorded_daemon(machines, tmp_path, ve)
     assert _admit(daemon, "db", 4, devices={"ve": 1})
     held = _held(daemon, "db")
-    stripped = _restart(daemon)  # the device class left the config
+    stripped = restarted_daemon(daemon)  # the device class left the config
     listed = stripped.show("db")
     assert "unplaced" in listed
     assert any(p.startswith("db: unplaced:") for p in stripped.problems)
@@ -303,7 +288,7 @@ def test_a_workload_that_no_longer_fits_stays_unplaced_on_the_pool_and_comes_bac
     assert stripped.list_all()[0]["name"] == "db"  # never dropped
     shutil.rmtree(Path(str(stripped.fs.root)) / "sys/fs/cgroup/numad.slice/other")
     stripped.release("other")
-    back = _restart(stripped, ve)  # the class is back: db is placed again
+    back = restarted_daemon(stripped, ve)  # the class is back: db is placed again
     assert "unplaced" not in back.show("db")
     assert len(_held(back, "db")) == 4
     assert _cpus(back, "db") == _held(back, "db")
@@ -349,7 +334,7 @@ def test_reserved_cpus_are_kept_across_restarts_and_hotplug(
     online = Path(str(daemon.fs.root)) / "sys/devices/system/cpu/online"
     first = reserved.min()
     online.write_text((CPUSet.parse_list("0-31") - CPUSet([first])).format_list() + "\n")
-    again = _restart(daemon)  # the allocator alone would now reserve another CPU
+    again = restarted_daemon(daemon)  # the allocator alone would now reserve another CPU
     assert CPUSet.from_bits(again.reserved) == reserved
     again.rediscover()
     online.write_text("0-31\n")
@@ -358,7 +343,7 @@ def test_reserved_cpus_are_kept_across_restarts_and_hotplug(
     assert _admit(again, "all", 14)
     assert _admit(again, "rest", 14)
     assert not (_held(again, "all") | _held(again, "rest")) & reserved
-    changed = _restart(again, {"cpu": {"reserved-count": 3}})  # the config changes them
+    changed = restarted_daemon(again, {"cpu": {"reserved-count": 3}})  # the config changes them
     assert len(CPUSet.from_bits(changed.reserved)) == 3
     for name in ("all", "rest"):  # a workload on a newly reserved CPU is re-placed
         assert not _held(changed, name) & CPUSet.from_bits(changed.reserved)
@@ -406,7 +391,7 @@ def test_a_signed_but_malformed_checkpoint_is_kept_aside_and_numad_starts(
     (daemon.state_dir / state.FILE).write_text(
         json.dumps({"version": 1, "checksum": digest, "body": body})
     )
-    again = _restart(daemon)
+    again = restarted_daemon(daemon)
     assert again.ready
     assert any("kept aside" in p for p in again.problems)
     assert list(daemon.state_dir.glob(f"{state.FILE}.corrupt.*"))
@@ -418,7 +403,7 @@ def test_an_orphan_outside_the_managed_roots_does_not_stop_start_up(
     daemon = recorded_daemon(machines, tmp_path)
     assert _admit(daemon, "db", 4)
     daemon.release("db")  # numad.slice/db is an orphan now
-    again = _restart(daemon, {"paths": {"managed-roots": ["other.slice"]}})
+    again = restarted_daemon(daemon, {"paths": {"managed-roots": ["other.slice"]}})
     assert again.ready
     assert again.orphans == set()
 
