@@ -85,7 +85,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def anon(path: Path) -> dict[int, int]:
-    from numad.memory_move import read_anon_by_node  # noqa: PLC0415 - guest only
+    from numad.pages import read_anon_by_node  # noqa: PLC0415 - guest only
 
     return read_anon_by_node(path) or {}
 

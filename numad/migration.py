@@ -32,18 +32,9 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.enforce import Cgroups, Log
 from numad.errors import NumadError
 from numad.health import Problems
-from numad.memory_move import (
-    AnonReader,
-    Mover,
-    MoveResult,
-    Outcome,
-    locality,
-    narrow_job,
-    off_bytes,
-    pull_job,
-    read_anon_by_node,
-)
+from numad.memory_move import AnonReader, Mover, MoveResult, Outcome, narrow_job, pull_job
 from numad.metrics import Metrics
+from numad.pages import locality, off_bytes, read_anon_by_node
 
 LOW_PASSES = 3  # passes in a row below the threshold before a workload is listed
 

@@ -1,4 +1,5 @@
-"""numad.memory_move: numa_stat parsing, locality, migrate_pages, the Mover and its jobs.
+"""numad.pages (numa_stat parsing, locality, migrate_pages) and numad.memory_move (the
+Mover and its jobs).
 
 The numa_stat samples follow the formats of the kernel's documentation
 (cgroup-v2.rst "memory.numa_stat", cgroup-v1/memory.rst "numa_stat"). Only two
@@ -23,17 +24,13 @@ import pytest
 
 from numad.cpuset import NodeSet
 from numad.errors import CgroupError, HostFileError, NumadError, SysfsFormatError
-from numad.memory_move import (
+from numad.memory_move import Mover, MoveResult, Outcome, narrow_job, pull_job
+from numad.pages import (
     SYSCALL_NUMBERS,
-    Mover,
-    MoveResult,
-    Outcome,
     anon_by_node,
     free_bytes,
     locality,
     migrate_pages,
-    narrow_job,
-    pull_job,
     read_anon_by_node,
 )
 

@@ -359,7 +359,7 @@ def node_of_cpus(cpus: CPUSet) -> NodeSet:
 
 
 def anon(cgroup: str) -> dict[int, int]:
-    from numad.memory_move import read_anon_by_node  # noqa: PLC0415
+    from numad.pages import read_anon_by_node  # noqa: PLC0415
 
     return read_anon_by_node(CGROUP_ROOT / cgroup) or {}
 
