@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 # jeepney ships no type information (no py.typed); its values are checked where they come in.
-from jeepney import (  # type: ignore[import-untyped]
+from jeepney import (
     DBusAddress,
     HeaderFields,
     Message,
@@ -35,9 +35,9 @@ from jeepney import (  # type: ignore[import-untyped]
     Properties,
     new_method_call,
 )
-from jeepney.auth import BEGIN, Authenticator  # type: ignore[import-untyped]
-from jeepney.bus import get_connectable_addresses  # type: ignore[import-untyped]
-from jeepney.bus_messages import message_bus  # type: ignore[import-untyped]
+from jeepney.auth import BEGIN, Authenticator
+from jeepney.bus import get_connectable_addresses
+from jeepney.bus_messages import message_bus
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError

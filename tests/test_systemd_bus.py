@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 # jeepney ships no type information (no py.typed).
-from jeepney import (  # type: ignore[import-untyped]
+from jeepney import (
     HeaderFields,
     Message,
     Parser,
