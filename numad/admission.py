@@ -93,10 +93,14 @@ class Outcome:
 
 
 def _providers(
-    engine: Engine, books: Books, key: tuple[str, str], request: ContainerRequest
+    engine: Engine,
+    books: Books,
+    key: tuple[str, str],
+    request: ContainerRequest,
+    donors: Sequence[tuple[str, str]] = (),
 ) -> list[ProviderHints]:
     device: ProviderHints = {
-        name: books.devices.hints(key, name, count)
+        name: books.devices.hints(key, name, count, donors)
         for name, count in sorted(request.devices.items())
         if count
     }
@@ -115,8 +119,10 @@ def _allocate(
     key: tuple[str, str],
     request: ContainerRequest,
     affinity: NodeSet | None,
+    *,
+    donors: Sequence[tuple[str, str]] = (),
 ) -> Books:
-    devices = books.devices.allocate(key, request.devices, affinity)
+    devices = books.devices.allocate(key, request.devices, affinity, donors)
     cpu = books.cpu.allocate(engine.cpu_policy, key, request.cpus, affinity, request.kind)
     memory = books.memory
     if engine.memory_manager:
@@ -146,10 +152,16 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 False, tuple(decisions), {}, Reason.TOPOLOGY, failed_container=ordered[0].name
             )
     start = books
+    # The regular init containers allocated so far: they have run to completion when the
+    # next container starts, so it may take their devices over (the kubelet's reuse).
+    donors: list[tuple[str, str]] = []
     for container in ordered:
         key = (workload.name, container.name)
         decision = pod_decision or merge(
-            policy, engine.options, engine.machine, _providers(engine, books, key, container)
+            policy,
+            engine.options,
+            engine.machine,
+            _providers(engine, books, key, container, donors),
         )
         decisions.append((container.name, decision))
         if not decision.admit:
@@ -157,7 +169,7 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 False, tuple(decisions), {}, Reason.TOPOLOGY, failed_container=container.name
             )
         try:
-            books = _allocate(engine, books, key, container, decision.affinity)
+            books = _allocate(engine, books, key, container, decision.affinity, donors=donors)
         except AllocationError as err:
             return start, Outcome(
                 False,
@@ -167,6 +179,8 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 err.problem,
                 failed_container=container.name,
             )
+        if container.kind is ContainerKind.INIT:
+            donors.append(key)
     return books, Outcome(True, tuple(decisions), placements(books, workload.name))
 
 

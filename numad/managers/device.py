@@ -117,28 +117,40 @@ class DeviceState:
 
     # -- hints (reference 2.2) -------------------------------------------------------------
 
-    def hints(self, key: Key, name: str, count: int) -> tuple[Hint, ...] | None:
+    def hints(
+        self, key: Key, name: str, count: int, reuse_from: Sequence[Key] = ()
+    ) -> tuple[Hint, ...] | None:
+        """The kubelet's device hints (reference 2.2). ``reuse_from``: the workload's
+        finished init containers, whose devices this container may take over: a mask
+        must hold every one of them that has a node, and they count toward the request."""
         devices = self._devices(name)
         if count <= 0 or all(d.node is None for d in devices):
             return None  # the class has no topology: no preference
         held = self.held.get(key, {}).get(name)
+        reusable: tuple[Device, ...] = ()
         if held is not None:
             if len(held) != count:
                 return ()
             pool = tuple(d for d in devices if d.address in held)
         else:
             pool = self.free(name)
-            if len(pool) < count:
+            theirs = {a for donor in reuse_from for a in self.held.get(donor, {}).get(name, ())}
+            reusable = tuple(d for d in devices if d.address in theirs)
+            if len(pool) + len(reusable) < count:
                 return ()
         nodes = self.inventory.nodes
         total = subset_sums([sum(1 for d in devices if d.node == n) for n in nodes])
         usable = subset_sums([sum(1 for d in pool if d.node == n) for n in nodes])
+        must = {nodes.index(d.node) for d in reusable if d.node is not None}
+        placed = len([d for d in reusable if d.node is not None])  # the kubelet skips the rest
         min_width = len(nodes)
         found: list[tuple[int, ...]] = []
         for index, positions in masks_in_kubelet_order(len(nodes)):
             if total[index] >= count:
                 min_width = min(min_width, len(positions))
-            if usable[index] >= count:
+            if not must <= set(positions):
+                continue  # a reusable device lies outside the mask
+            if usable[index] + placed >= count:
                 found.append(tuple(nodes[i] for i in positions))
         return tuple(Hint(NodeSet(m), len(m) == min_width) for m in found)
 

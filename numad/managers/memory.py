@@ -102,15 +102,18 @@ def _validate_reserved(topo: Topology, reserved: Mapping[int, Amounts]) -> None:
                 raise ConfigError(
                     subject, f"{resource} reservation must be above zero, got {amount}"
                 )
-            total = (
-                (node.memory_total_kb or 0) * 1024
-                if resource == MEMORY
-                else sizes[resource].total * sizes[resource].size_kb * 1024
-            )
+            huge = {r: p.total * p.size_kb * 1024 for r, p in sizes.items()}
+            if resource == MEMORY:
+                # Pre-allocated hugepages sit inside MemTotal: regular memory is the rest.
+                total = (node.memory_total_kb or 0) * 1024 - sum(huge.values())
+                what = "regular memory (MemTotal less its hugepages)"
+            else:
+                total, what = huge[resource], f"{resource} pages"
             if amount > total:
                 raise ConfigError(
                     subject,
-                    f"{resource} reservation of {amount} bytes exceeds the node's {total} bytes",
+                    f"{resource} reservation of {amount} bytes exceeds the node's {max(total, 0)}"
+                    f" bytes of {what}",
                     "lower the reservation",
                 )
 

@@ -538,3 +538,59 @@ def test_hints_are_exactly_the_masks_with_enough_free_devices(
         if len(free) >= count and sum(d.node in m for d in free) >= count
     ]
     assert _masks(hints) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(_runs(), st.sampled_from("ab"), st.integers(1, 6), st.data())
+def test_hints_count_the_devices_of_finished_init_containers_as_the_kubelet_does(
+    run: Run, name: str, count: int, data: st.DataObject
+) -> None:
+    """Reference 2.2 step 5: a mask must hold every reusable device that has a node;
+    those count toward the request with the free devices in the mask (reusable devices
+    without a node are skipped); preferred is still the narrowest by all devices."""
+    state = run.state
+    for op in run.ops:
+        if isinstance(op, Alloc):
+            try:
+                state = state.allocate(op.key, op.request, op.affinity)
+            except AllocationError:
+                continue
+    holders = sorted(k for k, v in state.held.items() if v.get(name))
+    donors = data.draw(st.lists(st.sampled_from(holders), unique=True)) if holders else []
+    hints = state.hints(("s", "new"), name, count, donors)
+    devices = state.inventory.classes[name]
+    if all(d.node is None for d in devices):
+        assert hints is None
+        return
+    theirs = {a for k in donors for a in state.held[k][name]}
+    reusable = [d for d in devices if d.address in theirs]
+    placed = [d for d in reusable if d.node is not None]
+    free = state.free(name)
+    nodes = state.inventory.nodes
+    masks = [m for w in range(1, len(nodes) + 1) for m in itertools.combinations(nodes, w)]
+    total = {m: sum(d.node in m for d in devices) for m in masks}
+    narrowest = min((len(m) for m in masks if total[m] >= count), default=len(nodes))
+    enough = len(free) + len(reusable) >= count
+    expected = [
+        (m, len(m) == narrowest)
+        for m in masks
+        if enough
+        and all(d.node in m for d in placed)
+        and sum(d.node in m for d in free) + len(placed) >= count
+    ]
+    assert _masks(hints) == expected
+
+
+def test_a_finished_init_containers_devices_make_room_for_the_app() -> None:
+    """Every GPU of nodes 0-2 is held, two of node 1 by the workload's init container:
+    the app's request for 2 fits only on masks holding node 1 (reuse), else nowhere."""
+    state = _gpus().allocate(INIT, {"gpu": 2}, NodeSet([1]))
+    others = [a for a, node in GPUS if node is not None and a not in state.held[INIT]["gpu"]]
+    state = _take(state, others)
+    assert _masks(state.hints(APP, "gpu", 2)) == []  # nothing free
+    assert _masks(state.hints(APP, "gpu", 2, [INIT])) == [
+        ((1,), True),
+        ((0, 1), False),
+        ((1, 2), False),
+        ((0, 1, 2), False),
+    ]

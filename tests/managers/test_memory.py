@@ -103,13 +103,13 @@ def test_table_of_a_recorded_machine(recorded: Callable[[str], Topology]) -> Non
 
 
 def test_reserved_memory_lowers_allocatable(recorded: Callable[[str], Topology]) -> None:
-    reserved = {0: {MEMORY: GiB, HUGE_2M: GiB}, 1: {MEMORY: INTEL_MEMORY[1] + 4 * GiB}}
+    reserved = {0: {MEMORY: GiB, HUGE_2M: GiB}, 1: {MEMORY: INTEL_MEMORY[1]}}
     table = MemoryTable.build(recorded(INTEL), reserved)
     assert table.capacity[(0, MEMORY)] == Capacity(
         INTEL_MEMORY[0] + 4 * GiB, GiB, INTEL_MEMORY[0] - GiB
     )
     assert table.capacity[(0, HUGE_2M)] == Capacity(4 * GiB, GiB, 3 * GiB)
-    assert table.allocatable(1, MEMORY) == 0  # reserved whole: never negative
+    assert table.allocatable(1, MEMORY) == 0  # its regular memory reserved whole
     state = MemoryState(table)
     assert _hints(state, {HUGE_2M: 3 * GiB + 2 * MiB}) == [((1,), True), ((0, 1), False)]
 
@@ -141,19 +141,29 @@ def test_reserved_memory_lowers_allocatable(recorded: Callable[[str], Topology])
         pytest.param(
             {0: {MEMORY: 49075843072 + 1}},
             "reserved-memory node 0: memory reservation of 49075843073 bytes exceeds "
-            "the node's 49075843072 bytes; lower the reservation",
+            "the node's 44780875776 bytes of regular memory (MemTotal less its hugepages);"
+            " lower the reservation",
             id="memory-larger-than-the-node",
+        ),
+        pytest.param(
+            # Within MemTotal, beyond regular memory: the 4 GiB of 2 MiB pages are not
+            # the system's to reserve as memory (the kubelet's allocatable subtracts them).
+            {0: {MEMORY: INTEL_MEMORY[0] + 1}},
+            "reserved-memory node 0: memory reservation of 44780875777 bytes exceeds "
+            "the node's 44780875776 bytes of regular memory (MemTotal less its hugepages);"
+            " lower the reservation",
+            id="memory-inside-the-hugepages",
         ),
         pytest.param(
             {1: {HUGE_2M: 4 * GiB + 2 * MiB}},
             "reserved-memory node 1: hugepages-2Mi reservation of 4297064448 bytes exceeds "
-            "the node's 4294967296 bytes; lower the reservation",
+            "the node's 4294967296 bytes of hugepages-2Mi pages; lower the reservation",
             id="hugepages-larger-than-the-pool",
         ),
         pytest.param(
             {1: {HUGE_1G: GiB}},
             "reserved-memory node 1: hugepages-1Gi reservation of 1073741824 bytes exceeds "
-            "the node's 0 bytes; lower the reservation",
+            "the node's 0 bytes of hugepages-1Gi pages; lower the reservation",
             id="size-with-no-pages",
         ),
     ],
