@@ -91,9 +91,12 @@ def check_machine(policy: Policy, options: PolicyOptions, machine: Machine) -> N
         return
     if len(machine.nodes) > options.max_numa_nodes:
         raise ConfigError(
-            "max-allowable-numa-nodes",
-            f"unsupported on machines with more than {options.max_numa_nodes} NUMA Nodes",
-            "raise max-allowable-numa-nodes in the topology manager options",
+            "[topology] options max-allowable-numa-nodes",
+            f"this machine has {len(machine.nodes)} NUMA nodes; numad's merge is set up for"
+            f" at most {options.max_numa_nodes}",
+            f'set options = {{ "max-allowable-numa-nodes" = "{len(machine.nodes)}" }} in'
+            f" [topology] of the config file (/etc/numad/numad.toml or --config); numad"
+            f" merges up to {MAX_NUMA_NODES_LIMIT} nodes",
         )
     if (
         options.prefer_closest
