@@ -63,21 +63,28 @@ def cpu_facts(r: Reader, cpu: int, online: CPUSet) -> CPUFacts:
     siblings = r.cpus(f"{base}/core_cpus_list", None) or r.cpus(
         f"{base}/thread_siblings_list", f"{base}/thread_siblings"
     )
-    package_siblings = None
-    if package_id is None:
-        package_siblings = r.cpus(f"{base}/package_cpus_list", None) or r.cpus(
-            f"{base}/core_siblings_list", f"{base}/core_siblings"
-        )
+    package_siblings = _package_cpus(r, cpu) if package_id is None else None
     me = CPUSet((cpu,))
+    # Offline siblings keep no topology: a core is its online threads.
+    siblings = ((siblings or me) & online) | me
     return CPUFacts(
         id=cpu,
         package_id=package_id,
-        package_siblings=((package_siblings or me) & online) | me,
+        # Quirk: old kernels (2ps3-2t, a PS3 on 2.6) write neither physical_package_id
+        # nor core_siblings; a core's threads still share one package.
+        package_siblings=((package_siblings or siblings) & online) | me,
         die=die if die is not None and die >= 0 else None,  # arm64 reports die_id -1
         cluster=cluster if cluster is not None and cluster >= 0 else None,
         core_id=r.integer(f"{base}/core_id"),
-        # Offline siblings keep no topology: a core is its online threads.
-        siblings=((siblings or me) & online) | me,
+        siblings=siblings,
+    )
+
+
+def _package_cpus(r: Reader, cpu: int) -> CPUSet | None:
+    """The kernel's map of the CPUs sharing cpu's package (``core_siblings`` on old kernels)."""
+    base = f"{CPU_DIR}/cpu{cpu}/topology"
+    return r.cpus(f"{base}/package_cpus_list", None) or r.cpus(
+        f"{base}/core_siblings_list", f"{base}/core_siblings"
     )
 
 
@@ -93,7 +100,9 @@ def _partition(sets: Iterable[CPUSet]) -> list[CPUSet]:
     return sorted(groups, key=CPUSet.min)
 
 
-def group_packages(facts: dict[int, CPUFacts]) -> tuple[tuple[Package, ...], dict[int, int]]:
+def group_packages(
+    r: Reader, facts: dict[int, CPUFacts]
+) -> tuple[tuple[Package, ...], dict[int, int]]:
     """Packages and each CPU's package id."""
     by_id: dict[int, set[int]] = {}
     unnamed: list[CPUSet] = []
@@ -109,14 +118,43 @@ def group_packages(facts: dict[int, CPUFacts]) -> tuple[tuple[Package, ...], dic
                 by_id[known[0]].add(f.id)
             else:
                 unnamed.append(CPUSet(c for c in f.package_siblings if c not in named))
+    # A split part and a group of -1 CPUs get fresh ids after every real one.
     next_id = max(by_id, default=-1) + 1
+    found: list[tuple[int, CPUSet]] = []
+    for p, cpus in sorted(by_id.items()):
+        first, *rest = _split_by_package_cpus(r, CPUSet(cpus))
+        found.append((p, first))
+        for part in rest:
+            found.append((next_id, part))
+            next_id += 1
     for group in _partition(unnamed):
-        # A group of -1 CPUs gets a fresh id after every real one.
-        by_id[next_id] = set(group)
+        found.append((next_id, group))
         next_id += 1
-    packages = tuple(Package(id=p, cpus=CPUSet(cpus)) for p, cpus in sorted(by_id.items()))
+    packages = tuple(Package(id=p, cpus=cpus) for p, cpus in sorted(found))
     owner = {c: p.id for p in packages for c in p.cpus}
     return packages, owner
+
+
+def _split_by_package_cpus(r: Reader, group: CPUSet) -> list[CPUSet]:
+    """The CPUs of one physical_package_id, split where package_cpus names separate packages.
+
+    Quirk: ia64 before Montecito has no PAL logical-to-physical call, so the
+    kernel builds physical_package_id from the SAL platform id with the package
+    part 0 (arch/ia64/kernel/smpboot.c, identify_siblings): both single-core
+    sockets of a node read the same id, while package_cpus (core_siblings)
+    names each socket alone (16ia64-8n2s). The ABI defines package_cpus as the
+    CPUs sharing the package (Documentation/ABI/stable/sysfs-devices-system-cpu);
+    where the two disagree the map wins, as in hwloc. One read per package
+    unless they disagree.
+    """
+    mask = _package_cpus(r, group.min())
+    if mask is None or group.issubset(mask):
+        return [group]
+    masks = []
+    for c in group:
+        own = _package_cpus(r, c)
+        masks.append((own & group) | CPUSet((c,)) if own is not None else group)
+    return _partition(masks)
 
 
 def dies_within_packages(facts: dict[int, CPUFacts], owner: dict[int, int]) -> dict[int, CPUFacts]:
@@ -139,11 +177,11 @@ def dies_within_packages(facts: dict[int, CPUFacts], owner: dict[int, int]) -> d
 
 
 def group_cores(facts: dict[int, CPUFacts], owner: dict[int, int]) -> tuple[Core, ...]:
-    """Physical cores, each identified by its SMT sibling set.
+    """Physical cores: SMT sibling sets, split where their core_ids differ.
 
     Quirk: ``core_id`` is not unique across packages, nor across the dies of
-    one package on kernels without ``die_id`` (AMD multi-die packages), so a
-    core is its sibling set, never its core_id.
+    one package on kernels without ``die_id`` (AMD multi-die packages), so
+    CPUs are never joined by core_id: a core is (part of) a sibling set.
     """
     cores = []
     for group in _partition(f.siblings for f in facts.values()):
@@ -153,21 +191,42 @@ def group_cores(facts: dict[int, CPUFacts], owner: dict[int, int]) -> tuple[Core
         for c in group:
             parts.setdefault(owner[c], []).append(c)
         for package, members in parts.items():
-            lowest = facts[members[0]]
-            cores.append(
-                Core(
-                    id=lowest.id,
-                    package=package,
-                    die=lowest.die,
-                    core_id=lowest.core_id,
-                    cpus=CPUSet(members),
+            for threads in _split_by_core_id(members, facts):
+                lowest = facts[threads[0]]
+                cores.append(
+                    Core(
+                        id=lowest.id,
+                        package=package,
+                        die=lowest.die,
+                        core_id=lowest.core_id,
+                        cpus=CPUSet(threads),
+                    )
                 )
-            )
     return tuple(sorted(cores, key=lambda core: core.id))
 
 
-def l3_groups(r: Reader, online: CPUSet) -> tuple[CacheGroup, ...]:
-    """L3 caches, from cache/index*/ of each online CPU.
+def _split_by_core_id(members: list[int], facts: dict[int, CPUFacts]) -> list[list[int]]:
+    """One package's sibling set, split into cores where its CPUs' core_ids differ.
+
+    Quirk: on AMD family 15h (Bulldozer, Piledriver) the kernel pairs the two
+    cores of a compute unit as SMT siblings (arch/x86/kernel/smpboot.c,
+    match_smt(): same compute unit counts as "smt"), so thread_siblings names
+    both although each has its own core_id (64amd64-4s2n4ca2co, cpu0 core_id 0
+    and cpu1 core_id 1 in thread_siblings 0-1). They are separate cores, each
+    with its own pipeline: hwloc and cAdvisor (the kubelet's CPU manager) count
+    them so. Where any core_id is missing the sibling set stays one core.
+    """
+    keys = [(facts[c].die, facts[c].core_id) for c in members]
+    if any(core_id is None for _, core_id in keys) or len(set(keys)) == 1:
+        return [members]
+    cores: dict[tuple[int | None, int | None], list[int]] = {}
+    for c, key in zip(members, keys, strict=True):
+        cores.setdefault(key, []).append(c)
+    return sorted(cores.values(), key=min)
+
+
+def l3_groups(r: Reader, online: CPUSet, cores: dict[int, CPUSet]) -> tuple[CacheGroup, ...]:
+    """L3 caches, from cache/index*/ of each online CPU; ``cores``: each CPU's core threads.
 
     A CPU already inside a known L3's shared_cpu_list is not read again, which
     keeps discovery fast on large machines.
@@ -177,7 +236,7 @@ def l3_groups(r: Reader, online: CPUSet) -> tuple[CacheGroup, ...]:
     for cpu in online:
         if cpu in covered:
             continue
-        l3 = _l3_of(r, cpu, online)
+        l3 = _l3_of(r, cpu, online, cores[cpu])
         if l3 is None:
             continue
         shared, cache_id, size = l3
@@ -191,7 +250,9 @@ def l3_groups(r: Reader, online: CPUSet) -> tuple[CacheGroup, ...]:
     )
 
 
-def _l3_of(r: Reader, cpu: int, online: CPUSet) -> tuple[CPUSet, int | None, int | None] | None:
+def _l3_of(
+    r: Reader, cpu: int, online: CPUSet, core: CPUSet
+) -> tuple[CPUSet, int | None, int | None] | None:
     base = f"{CPU_DIR}/cpu{cpu}/cache"
     for name in r.fs.listdir(base):
         if not _INDEX_NAME.fullmatch(name):
@@ -201,12 +262,36 @@ def _l3_of(r: Reader, cpu: int, online: CPUSet) -> tuple[CPUSet, int | None, int
         kind = r.text(f"{base}/{name}/type")
         if kind not in (None, "Unified", "Data"):
             continue
-        shared = r.cpus(f"{base}/{name}/shared_cpu_list", f"{base}/{name}/shared_cpu_map")
-        me = CPUSet((cpu,))
+        # Every thread of a core shares all of the core's caches.
+        shared = _shared_cpus(r, f"{base}/{name}", cpu) or core
         return (
-            ((shared or me) & online) | me,
+            (shared & online) | CPUSet((cpu,)),
             r.integer(f"{base}/{name}/id"),
             _size_kb(r, f"{base}/{name}/size"),
+        )
+    return None
+
+
+def _shared_cpus(r: Reader, index: str, cpu: int) -> CPUSet | None:
+    """The CPUs sharing one cache of ``cpu``; None where the files cannot say.
+
+    Quirks: a cache is always shared with its own CPU, so a shared_cpu_list
+    that does not name it is stale and shared_cpu_map is read instead
+    (64fake-4n2s2ca2c2t copies cpu0's list into every CPU; its maps are right).
+    ia64 kernels leave shared_cpu_map empty for the L3 (8ia64-2s2c2t), as
+    hwloc notes: the caller then takes the CPU's core.
+    """
+    listed = r.id_list(f"{index}/shared_cpu_list", CPUSet)
+    if listed is not None and cpu in listed:
+        return listed
+    mask = r.id_mask(f"{index}/shared_cpu_map", CPUSet)
+    if mask is not None and cpu in mask:
+        if listed is not None:
+            r.note(f"{index}/shared_cpu_list", f"does not name cpu {cpu}; shared_cpu_map read")
+        return mask
+    if listed is not None or mask is not None:
+        r.note(
+            f"{index}/shared_cpu_map", f"does not name cpu {cpu}; the cache is taken as its core's"
         )
     return None
 

@@ -34,11 +34,13 @@ def discover(fs: HostFS) -> Topology:
             f"{cpu_discovery.CPU_DIR}", "no online CPU found; is this a sysfs tree?"
         )
     facts = {c: cpu_discovery.cpu_facts(r, c, online) for c in online}
-    packages, package_of = cpu_discovery.group_packages(facts)
+    packages, package_of = cpu_discovery.group_packages(r, facts)
     facts = cpu_discovery.dies_within_packages(facts, package_of)
     cores = cpu_discovery.group_cores(facts, package_of)
     core_of = {c: core.id for core in cores for c in core.cpus}
-    l3_groups = cpu_discovery.l3_groups(r, online)
+    l3_groups = cpu_discovery.l3_groups(
+        r, online, {c: core.cpus for core in cores for c in core.cpus}
+    )
     l3_of = {c: g.id for g in l3_groups for c in g.cpus}
 
     nodes, node_of = _nodes(r, known, online)
@@ -76,13 +78,14 @@ def _nodes(r: Reader, known: CPUSet, online: CPUSet) -> tuple[tuple[NumaNode, ..
     if ids is None:
         r.note(node_discovery.NODE_DIR, "missing: no NUMA support, one node 0 holds everything")
         return (node_discovery.uma_node(r, online),), dict.fromkeys(known, 0)
-    node_of: dict[int, int] = {}
+    claims: dict[int, list[int]] = {}
     for node in ids:
         for c in node_discovery.node_cpus(r, node) & known:
-            if c in node_of:
-                r.note(f"{node_discovery.NODE_DIR}/node{node}/cpulist", f"cpu {c} is in two nodes")
-                continue
-            node_of[c] = node
+            claims.setdefault(c, []).append(node)
+    node_of = {c: claimants[0] for c, claimants in claims.items()}
+    for c, claimants in claims.items():
+        if len(claimants) > 1:
+            node_of[c] = _contested(r, c, claimants, ids)
     for c in online:
         if c not in node_of and (link := _node_link(r, c, ids)) is not None:
             node_of[c] = link
@@ -98,8 +101,27 @@ def _nodes(r: Reader, known: CPUSet, online: CPUSet) -> tuple[tuple[NumaNode, ..
     return nodes, node_of
 
 
+def _contested(r: Reader, cpu: int, claimants: list[int], ids: NodeSet) -> int:
+    """The node of a CPU that several nodes' cpulists name.
+
+    Quirk: an old x86_64 kernel with 8 nodes all at distance 10 (fake NUMA,
+    8em64t-2s2ca2c-buggynuma) prints every CPU in every node's cpulist, while
+    it links each CPU under the one node it belongs to (register_cpu_under_node
+    in drivers/base/node.c makes nodeM/cpuN and cpuN/nodeM for cpu_to_node(N)
+    only): the link decides. Without one, the lowest claimant keeps it.
+    """
+    link = _node_link(r, cpu, ids)
+    chosen = link if link in claimants else claimants[0]
+    others = ", ".join(f"node{n}" for n in claimants if n != chosen)
+    r.note(
+        f"{node_discovery.NODE_DIR}/node{chosen}/cpulist",
+        f"cpu {cpu} is also in the cpulist of {others}; kept in node{chosen}",
+    )
+    return chosen
+
+
 def _node_link(r: Reader, cpu: int, ids: NodeSet) -> int | None:
-    """The node a cpuN/nodeM link names, for a CPU no node's cpulist claims.
+    """The node a cpuN/nodeM link names, for a CPU no node's cpulist claims, or several.
 
     Quirk: a link to a node that is offline or has no directory dangles (seen
     in offline-cpu0-node0, where node 0 is gone); such a CPU has no node.

@@ -2,9 +2,10 @@
 
 Pure values, built by ``numad.topology.discover`` and read by every later
 stage. Vocabulary follows hwloc: ids are the kernel's OS indexes; a CPU is one
-hardware thread (a PU); a core is a physical core (its SMT sibling set); a
-package is a socket. Only online CPUs belong to cores, packages, L3 groups and
-the ``cpus`` of a node: offline CPUs keep no topology in sysfs. ``all_cpus``
+hardware thread (a PU); a core is a physical core (its SMT threads: the sibling
+set, split by core_id where an AMD compute unit's two cores share one); a package
+is a socket. Only online CPUs belong to cores, packages, L3 groups and the
+``cpus`` of a node: offline CPUs keep no topology in sysfs. ``all_cpus``
 lists every CPU the kernel knows of, online or not.
 """
 
