@@ -22,6 +22,7 @@ TARGET = "numad-vm.target"
 OWN_UNITS = (TARGET, "numad-vm-checks.service")  # in tests/vm/systemd
 CONFIG = "/run/numad-vm/numad.toml"  # written by the checks before they start numad
 HOMES = (Path("/root"), Path("/home"), Path("/run/user"))  # what ProtectHome= hides
+TMPS = (Path("/tmp"), Path("/var/tmp"))  # what PrivateTmp= replaces
 TIMEOUT = 600.0  # boot, a watchdog restart (30 s and a start) and shutdown under TCG
 CASES = [pytest.param(m, k, id=f"{m}-{k}") for m in ("2node", "4node") for k in harness.KERNELS]
 
@@ -46,6 +47,15 @@ def dropin() -> str:
             "# No other hardening setting differs from the unit's.\n"
             "ProtectHome=tmpfs\n"
             f"BindReadOnlyPaths={' '.join(str(p) for p in hidden)}\n"
+        )
+    private = [p for p in harness.shares() if any(p.is_relative_to(t) for t in TMPS)]
+    if private:
+        text += (
+            f"# {' '.join(str(p) for p in private)}: under /tmp or /var/tmp, which\n"
+            "# PrivateTmp=yes replaces with the unit's own (a clone made under /tmp, as a CI\n"
+            "# run's may be): these folders come back, read-only; the rest of /tmp stays\n"
+            "# private. A real install keeps nothing of numad's there.\n"
+            f"BindReadOnlyPaths={' '.join(str(p) for p in private)}\n"
         )
     return text
 
