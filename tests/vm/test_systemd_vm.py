@@ -22,7 +22,7 @@ TARGET = "numad-vm.target"
 OWN_UNITS = (TARGET, "numad-vm-checks.service")  # in tests/vm/systemd
 CONFIG = "/run/numad-vm/numad.toml"  # written by the checks before they start numad
 HOMES = (Path("/root"), Path("/home"), Path("/run/user"))  # what ProtectHome= hides
-TMPS = (Path("/tmp"), Path("/var/tmp"))  # what PrivateTmp= replaces
+TMPS = (Path("/tmp"), Path("/var/tmp"))  # noqa: S108 - what PrivateTmp= replaces
 TIMEOUT = 600.0  # boot, a watchdog restart (30 s and a start) and shutdown under TCG
 CASES = [pytest.param(m, k, id=f"{m}-{k}") for m in ("2node", "4node") for k in harness.KERNELS]
 
