@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from numad.cgroup.v1 import CgroupV1Backend
+from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.durable import read_json, write_file
 from numad.enforce import Cgroups, Log
@@ -312,9 +314,6 @@ def host_parts(cgroups: object) -> dict[str, Any]:
     """What ``Isolation`` needs to reach the top-level cgroups of ``cgroups``'s
     hierarchy: its root and a backend of the same kind fenced to them. Nothing for a
     backend without a hierarchy (a test double): only the managed roots are isolated."""
-    from numad.cgroup.v1 import CgroupV1Backend  # noqa: PLC0415 - edge imports, kept local
-    from numad.cgroup.v2 import CgroupV2Backend  # noqa: PLC0415
-
     if not isinstance(cgroups, CgroupV2Backend | CgroupV1Backend):
         return {}
     kind, root, emulate = type(cgroups), cgroups.root, cgroups.emulate_kernel

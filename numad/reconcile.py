@@ -167,9 +167,13 @@ class Reconciler:
                 self.health.set("irqs", "; ".join(problems))
             else:
                 self.health.clear("irqs")
-        elif self.irqs.originals:
-            for problem in self.irqs.restore():
-                self.log.error("irq_reset_failed", problem=problem)
+        else:
+            self._end_irqs()
+
+    def _end_irqs(self) -> None:
+        """Every interrupt numad moved gets its own affinity back."""
+        for problem in self.irqs.restore() if self.irqs.originals else []:
+            self.log.error("irq_reset_failed", problem=problem)
 
     def _end_isolation(self) -> None:
         """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's)."""
@@ -255,6 +259,5 @@ class Reconciler:
         with self.lock:
             self.stopped = True
             self._end_isolation()
-            for problem in self.irqs.restore() if self.irqs.originals else []:
-                self.log.error("irq_reset_failed", problem=problem)
+            self._end_irqs()
         self.migrations.stop()  # outside the lock: the mover's report takes it

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import structlog
 
 from numad.config import parse
 from numad.daemon import Daemon
+from numad.errors import CgroupError
 from numad.scratch import scratch_mkdir
 from numad.service import build
 from numad.topology.record import load_fixture
@@ -86,3 +88,24 @@ def restarted_daemon(daemon: Daemon, extra: dict[str, Any] | None = None) -> Dae
     new = build(parse(raw), str(daemon.fs.root))
     new.start()
     return new
+
+
+def fails_at_once(action: Callable[[], object], blocked: str) -> CgroupError:
+    """The CgroupError ``action`` raises, run in a thread joined within 5 s, so that
+    code blocked on a FIFO fails the test (``blocked`` says what blocked) instead of
+    hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            action()
+            outcome.append(None)
+        except CgroupError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), blocked
+    assert isinstance(outcome[0], CgroupError), "no CgroupError"
+    return outcome[0]

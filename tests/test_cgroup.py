@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,9 @@ from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.scratch import make_scratch_v1, make_scratch_v2
+from tests.conftest import fails_at_once
+
+BLOCKED = "the backend blocked on a FIFO"  # what fails_at_once says when a call hangs
 
 ALL_CPUS = CPUSet(range(8))
 ALL_MEMS = NodeSet([0, 1])
@@ -405,26 +407,6 @@ def test_v2_errno_becomes_a_cgroup_error(
     assert isinstance(err.__cause__, OSError)
 
 
-def _fails_at_once(action: Callable[[], object]) -> CgroupError:
-    """The CgroupError ``action`` raises, run in a thread joined within 5 s, so that a
-    backend blocked on a FIFO fails the test instead of hanging it."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except CgroupError as err:
-            outcome.append(err)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(5)
-    assert not worker.is_alive(), "the backend blocked on a FIFO"
-    assert isinstance(outcome[0], CgroupError), "no CgroupError"
-    return outcome[0]
-
-
 @pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "a-reader"])
 def test_v2_write_refuses_a_fifo_at_once(v2: Scratch, reader: bool) -> None:
     """A FIFO planted at cpuset.cpus in a scratch tree fails the write instead of
@@ -435,7 +417,7 @@ def test_v2_write_refuses_a_fifo_at_once(v2: Scratch, reader: bool) -> None:
     os.mkfifo(fifo)
     listening = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else None
     try:
-        err = _fails_at_once(lambda: v2.backend.write("numad.slice/db", cpus("0-1"), None))
+        err = fails_at_once(lambda: v2.backend.write("numad.slice/db", cpus("0-1"), None), BLOCKED)
         if listening is not None:
             assert os.read(listening, 64) == b""  # nothing went into the pipe
     finally:
@@ -473,7 +455,7 @@ def test_v2_reads_refuse_a_fifo_at_once(
     os.mkfifo(v2.root / "numad.slice/db" / name)
     backend = v2.backend
     assert isinstance(backend, CgroupV2Backend)
-    err = _fails_at_once(lambda: action(backend, "numad.slice/db"))
+    err = fails_at_once(lambda: action(backend, "numad.slice/db"), BLOCKED)
     assert err.subject == str(v2.root / "numad.slice/db")
     assert f"{reading}: " in str(err)
     assert "not a regular file" in str(err)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,9 @@ from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.scratch import make_scratch_v1, make_scratch_v2, scratch_mkdir
+from tests.conftest import fails_at_once
+
+BLOCKED = "the emulated kernel blocked on a FIFO"  # what fails_at_once says when a call hangs
 
 ALL_CPUS = CPUSet(range(8))
 ALL_MEMS = NodeSet([0, 1])
@@ -48,32 +49,12 @@ def test_emulation_writes_no_file_through_a_link(tmp_path: Path, kind: str) -> N
     assert (db / effective).is_symlink()
 
 
-def _fails_at_once(action: Callable[[], object]) -> CgroupError:
-    """The CgroupError ``action`` raises, run in a thread joined within 5 s, so that
-    emulation blocked on a FIFO fails the test instead of hanging it."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except CgroupError as err:
-            outcome.append(err)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(5)
-    assert not worker.is_alive(), "the emulated kernel blocked on a FIFO"
-    assert isinstance(outcome[0], CgroupError), "no CgroupError"
-    return outcome[0]
-
-
 def test_emulation_writes_no_fifo(tmp_path: Path) -> None:
     """A FIFO where the kernel's file should be fails at once (no reader: no block)."""
     backend, db, effective = _backend("v2", tmp_path)
     (db / effective).unlink()
     os.mkfifo(db / effective)
-    err = _fails_at_once(lambda: backend.write("numad.slice/db", CPUSet([0, 1]), None))
+    err = fails_at_once(lambda: backend.write("numad.slice/db", CPUSet([0, 1]), None), BLOCKED)
     assert "not a regular file" in str(err)
 
 
@@ -83,7 +64,7 @@ def test_emulation_reads_no_fifo(tmp_path: Path) -> None:
     backend, db, _ = _backend("v2", tmp_path)
     (db / "cpuset.cpus").unlink()
     os.mkfifo(db / "cpuset.cpus")
-    err = _fails_at_once(lambda: backend.write("numad.slice", CPUSet([0, 1, 2]), None))
+    err = fails_at_once(lambda: backend.write("numad.slice", CPUSet([0, 1, 2]), None), BLOCKED)
     assert err.subject == str(db / "cpuset.cpus")
     assert "not a regular file" in str(err)
 
