@@ -21,6 +21,7 @@ tree fails at once instead of blocking numad.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -228,18 +229,28 @@ class KernelV2:
         self._refresh(d)
 
     def _refresh(self, d: Path) -> None:
-        """Effective = configured ∩ parent's effective, or the parent's if that is empty."""
-        _refresh_effective(CPUSet, d, "cpus")
-        _refresh_effective(NodeSet, d, "mems")
+        """Effective = configured ∩ parent's effective, or the parent's if that is empty;
+        the children's follow where this one's changed."""
+        cpus = _refresh_effective(CPUSet, d, "cpus")
+        mems = _refresh_effective(NodeSet, d, "mems")
+        if not (cpus or mems):
+            return
         for child in _children(d):
             if (child / "cpuset.cpus").exists():
                 self._refresh(child)
 
 
-def _refresh_effective(kind: type[_S], d: Path, name: str) -> None:
+def _refresh_effective(kind: type[_S], d: Path, name: str) -> bool:
+    """Write ``d``'s effective set; False when it already held it."""
     inherited = _ids(kind, d.parent / f"cpuset.{name}.effective")
     own = _ids(kind, d / f"cpuset.{name}") & inherited
-    _kernel_files(d, {f"cpuset.{name}.effective": (own or inherited).format_list()})
+    text = f"{(own or inherited).format_list()}\n"
+    effective = d / f"cpuset.{name}.effective"
+    with contextlib.suppress(FileNotFoundError):
+        if _kernel_read(effective) == text:
+            return False  # a write would only cost: the tree is rewritten often
+    _kernel_write(effective, text)
+    return True
 
 
 class KernelV1:
