@@ -1,4 +1,4 @@
-"""Merge time on worst-case hint lists, 4 to 16 NUMA nodes, against the targets.
+"""Merge time on worst-case hints, 4 to 64 NUMA nodes, against the targets.
 
 Run from the repository root (``tests`` is imported from the checkout for the
 plain enumeration):
@@ -14,11 +14,16 @@ exactly as wide. Shape A: every request needs half the machine (a preferred
 answer exists). Shape B: device, cpu and memory need half - 1, half and
 half + 1 nodes (no preferred answer). Both run under best-effort and restricted.
 
-Only ``numad.policy.merge`` is timed (the hint lists are built beforehand);
-each point runs until it has enough runs and enough total time, or hits its
-time cap. At 4 and 6 nodes the plain enumeration of tests/plain_merge.py runs
-on the same inputs: its time, the ratio, and a check that both give the same
-(affinity, preferred, score, admit).
+Each provider's answer is given twice: described (numad.hintspace, what
+numad's providers hand the merge since issue 14: one amount per node, the
+request, the preferred width; merged by search, numad.search) and listed
+(the kubelet's lists, folded by numad.merge; up to 16 nodes, where 2^N masks
+per list can still be built). Both must give the same decision. Only
+``numad.policy.merge`` is timed (the answers are built beforehand); each
+point runs until it has enough runs and enough total time, or hits its time
+cap. At 4 and 6 nodes the plain enumeration of tests/plain_merge.py runs on
+the same inputs: its time, the ratio, and a check that both give the same
+(affinity, preferred, score, admit). Targets apply to the described merge.
 
 Exit status: 0 if every target passed, 1 if numad and the plain enumeration
 disagree (stops at once), 2 if a target failed.
@@ -40,6 +45,7 @@ from pathlib import Path
 
 from numad.cpuset import NodeSet
 from numad.hints import Hint, ProviderHints
+from numad.hintspace import HintSpace
 from numad.policy import Decision, Machine, Policy, PolicyOptions, merge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,9 +54,10 @@ if str(ROOT) not in sys.path:
 
 from tests.plain_merge import plain_merge  # noqa: E402 (needs ROOT on sys.path, set just above)
 
-SIZES = (4, 6, 8, 10, 12, 14, 16)
+SIZES = (4, 6, 8, 10, 12, 14, 16, 24, 34, 64)
 PLAIN_SIZES = (4, 6)
-TARGETS_MS = {8: 5.0, 12: 50.0, 16: 500.0}
+LISTED_MAX = 16  # nodes: the largest machine whose lists are built and folded
+TARGETS_MS = {8: 5.0, 16: 50.0, 34: 50.0, 64: 50.0}
 POLICIES = (Policy.BEST_EFFORT, Policy.RESTRICTED)
 RESOURCES = ("example.com/dev", "cpu", "memory", "hugepages-1Gi")
 
@@ -125,14 +132,23 @@ def hint_list(nodes: int, need: int) -> tuple[Hint, ...]:
     )
 
 
-def build_providers(nodes: int, shape: Shape) -> list[ProviderHints]:
-    dev, cpu, mem = (hint_list(nodes, need) for need in shape.needs(nodes))
+def hint_space(nodes: int, need: int) -> HintSpace:
+    """The same answer, described: one unit per node, ``need`` units, preferred width."""
+    return HintSpace((1 << nodes) - 1, ((1,) * nodes,), (need,), need)
+
+
+def build_providers(nodes: int, shape: Shape, *, listed: bool) -> list[ProviderHints]:
+    make = hint_list if listed else hint_space
+    dev, cpu, mem = (make(nodes, need) for need in shape.needs(nodes))
     return [{RESOURCES[0]: dev}, {RESOURCES[1]: cpu}, {RESOURCES[2]: mem, RESOURCES[3]: mem}]
 
 
-def list_lengths(providers: Sequence[ProviderHints]) -> list[int]:
-    """Lengths of the lists the kubelet walks (a nil or empty list is one placeholder hint)."""
-    return [len(hints) if hints else 1 for p in providers for hints in (p[r] for r in sorted(p))]
+def list_lengths(nodes: int, shape: Shape) -> list[int]:
+    """Lengths of the lists the kubelet walks: every subset at least as wide as the need."""
+    return [
+        sum(math.comb(nodes, w) for w in range(need, nodes + 1))
+        for need in (*shape.needs(nodes), shape.needs(nodes)[2])
+    ]
 
 
 def time_calls(call: Callable[[], object], budget: Budget) -> Timing:
@@ -199,25 +215,42 @@ def target_note(nodes: int, ms: float) -> str:
 def run_size(nodes: int, plan: Plan) -> list[Point]:
     points = []
     for shape in SHAPES:
-        providers = build_providers(nodes, shape)
-        lengths = list_lengths(providers)
+        described = build_providers(nodes, shape, listed=False)
+        listed = build_providers(nodes, shape, listed=True) if nodes <= LISTED_MAX else None
+        lengths = list_lengths(nodes, shape)
         print(
-            f"{nodes:>2} nodes, shape {shape.name}: needs {shape.needs(nodes)}; hints per list "
-            f"{' '.join(map(str, lengths))}; kubelet permutations {math.prod(lengths):,}"
+            f"{nodes:>2} nodes, shape {shape.name}: needs {shape.needs(nodes)}; kubelet hints "
+            f"per list {' '.join(f'{n:,}' for n in lengths)}; permutations "
+            f"{_magnitude(math.prod(lengths))}"
         )
         for policy in POLICIES:
-            decision = numad_merge(nodes, policy, providers)
-            call = functools.partial(numad_merge, nodes, policy, providers)
-            timing = time_calls(call, plan.numad)
+            decision = numad_merge(nodes, policy, described)
+            timing = time_calls(
+                functools.partial(numad_merge, nodes, policy, described), plan.numad
+            )
             points.append(Point(nodes, shape, policy, timing))
             print(
-                f"{'':>6}{policy.value:<17}numad median {timing.median_ms:9.3f} ms, best "
+                f"{'':>6}{policy.value:<17}described median {timing.median_ms:9.3f} ms, best "
                 f"{timing.best_ms:9.3f} ms, {timing.runs:>5} runs; {describe(decision)}"
                 f"{target_note(nodes, timing.median_ms)}"
             )
+            if listed is not None:
+                folded = numad_merge(nodes, policy, listed)
+                if outcome(folded) != outcome(decision):
+                    raise SystemExit(
+                        f"MISMATCH at {nodes} nodes, {policy}: described {outcome(decision)}"
+                        f" != listed {outcome(folded)}"
+                    )
+                fold = time_calls(functools.partial(numad_merge, nodes, policy, listed), plan.numad)
+                print(f"{'':>23}listed (fold) median {fold.median_ms:9.3f} ms; same decision: yes")
             if nodes in PLAIN_SIZES:
-                check_plain(points[-1], providers, decision, plan.plain)
+                assert listed is not None
+                check_plain(points[-1], listed, decision, plan.plain)
     return points
+
+
+def _magnitude(n: int) -> str:
+    return f"{n:,}" if n < 10**9 else f"~10^{len(str(n)) - 1}"
 
 
 def report_targets(points: Sequence[Point], max_nodes: int) -> bool:
@@ -255,7 +288,7 @@ def main() -> None:
     for shape in SHAPES:
         print(f"  shape {shape.name}: {shape.about}")
     print(
-        f"  numad.policy.merge only (hint lists prebuilt); per point >= {budget.min_runs} runs "
+        f"  numad.policy.merge only (answers prebuilt); per point >= {budget.min_runs} runs "
         f"and >= {budget.min_seconds:g} s, capped at {budget.max_seconds:g} s\n"
     )
     points: list[Point] = []

@@ -8,11 +8,14 @@ the smallest group of resources that have none in common.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from numad.cpuset import NodeSet
 from numad.hints import HintList
 from numad.policy import Decision, Policy
+from numad.search import Search, SearchBudgetError
+
+_ANY = (1 << 4096) - 1  # every node: described masks need no machine mask here
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,8 @@ class ResourceView:
     possible: tuple[NodeSet, ...]  # every node set it could use, preferred or not
     anywhere: bool  # a preferred "any node" hint (no preference)
     nowhere: bool  # an empty hint list: it cannot be placed at all
+    hints: HintList | None = field(default=None, repr=False, compare=False)
+    more: bool = False  # described hints: more preferred node sets than ``preferred`` shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +73,27 @@ def explain(decision: Decision) -> Explanation:
     )
 
 
+SHOWN = 5  # preferred node sets named per described resource
+
+
 def _view(hl: HintList) -> ResourceView:
+    if hl.space is not None:
+        space = hl.space
+        found: list[NodeSet] = []
+        for w in range(1, space.nodes.bit_count() + 1):
+            found += [NodeSet.from_bits(m) for m in space.of_width(w) if space.prefers(m)][
+                : SHOWN + 1 - len(found)
+            ]
+            if len(found) > SHOWN or (not space.min_sockets and w >= space.width):
+                break
+        shown = tuple(found[:SHOWN])
+        return ResourceView(
+            hl.resource, hl.provider, shown, (), False, False, hl, more=len(found) > SHOWN
+        )
     preferred = _distinct(h.affinity for h in hl.hints if h.preferred and h.affinity is not None)
     possible = _distinct(h.affinity for h in hl.hints if h.affinity is not None)
     anywhere = any(h.preferred and h.affinity is None for h in hl.hints)
-    return ResourceView(hl.resource, hl.provider, preferred, possible, anywhere, hl.given == ())
+    return ResourceView(hl.resource, hl.provider, preferred, possible, anywhere, hl.given == (), hl)
 
 
 def _distinct(sets: Iterable[NodeSet]) -> tuple[NodeSet, ...]:
@@ -100,6 +121,14 @@ def _common(group: Sequence[ResourceView]) -> bool:
     """Whether some node set (or "anywhere") is preferred by every member."""
     if all(v.anywhere for v in group):
         return True
+    if any(v.hints is not None and v.hints.space is not None for v in group):
+        try:  # described hints: the merge's own search for a common preferred mask
+            return (
+                Search([v.hints for v in group if v.hints is not None], _ANY).preferred()
+                is not None
+            )
+        except SearchBudgetError:
+            return True  # not known: no conflict is claimed
     candidates = {s for v in group for s in v.preferred}
     return any(all(v.anywhere or s in v.preferred for v in group) for s in candidates)
 
@@ -113,6 +142,8 @@ def _resource_line(view: ResourceView) -> str:
         return f"{view.resource} has no preferred placement"
     sets = " or ".join(_nodes(s) for s in view.preferred[:4])
     more = f" (+{len(view.preferred) - 4} more)" if len(view.preferred) > 4 else ""
+    if view.more:
+        more = " (and more)"
     only = "only " if len(view.preferred) == 1 else ""
     return f"{view.resource} fits {only}on {sets}{more}"
 

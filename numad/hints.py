@@ -15,8 +15,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from numad.cpuset import NodeSet
+
+if TYPE_CHECKING:
+    from numad.hintspace import HintSpace
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +36,8 @@ class Hint:
         return None if self.affinity is None else self.affinity.bits
 
 
-ProviderHints = Mapping[str, Sequence[Hint] | None]
+# A resource's hints: listed, described (numad.hintspace), or None for no preference.
+ProviderHints = Mapping[str, "Sequence[Hint] | HintSpace | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +47,8 @@ class HintList:
     provider: int  # index of the provider, in registration order
     resource: str  # "" for a provider with no preference at all
     hints: tuple[Hint, ...]
-    given: tuple[Hint, ...] | None  # the provider's own list (None: no preference)
+    given: tuple[Hint, ...] | None  # the provider's own list (None: no preference, or described)
+    space: HintSpace | None = None  # described instead of listed: ``hints`` is empty
 
 
 _ANY = Hint(affinity=None, preferred=True)
@@ -64,6 +70,11 @@ def flatten(providers: Sequence[ProviderHints]) -> tuple[HintList, ...]:
             given = provider[resource]
             if given is None:
                 lists.append(HintList(index, resource, (_ANY,), None))
+            elif not isinstance(given, Sequence):  # a HintSpace
+                if given.first() is None:
+                    lists.append(HintList(index, resource, (_NOWHERE,), ()))
+                else:
+                    lists.append(HintList(index, resource, (), None, given))
             elif not given:
                 lists.append(HintList(index, resource, (_NOWHERE,), ()))
             else:

@@ -13,18 +13,16 @@ from enum import StrEnum
 
 from numad.cpuset import NodeSet
 from numad.errors import ConfigError
-from numad.hints import HintList, ProviderHints, flatten
-from numad.merge import Merger, Strategy
+from numad.hints import Hint, HintList, ProviderHints, flatten
+from numad.merge import Distance, Merged, Merger, Strategy
+from numad.search import LISTABLE, Search, SearchBudgetError
 
 # The kubelet refuses machines with more than 8 nodes because its merge walks
 # the whole product (about an hour of CPU for one admission at 12 nodes).
-# numad's merge is exact without the walk and stays within 0.5 s at 16 nodes
-# on the worst inputs of benchmarks/merge.py; past 16 its reachable-mask
-# table (2^N entries) and the providers' own 2^N - 1 hints per list grow
-# faster than an admission should cost. So 16 is the default; the option
-# raises it up to MAX_NUMA_NODES_LIMIT.
-DEFAULT_MAX_NUMA_NODES = 16
-MAX_NUMA_NODES_LIMIT = 20
+# numad's providers describe their hints and its merge searches them
+# (numad.search), so numad sets no limit of its own; the option keeps the
+# kubelet's meaning where a config sets it.
+DEFAULT_MAX_NUMA_NODES: int | None = None
 KUBELET_MIN_MAX_NUMA_NODES = 8
 
 
@@ -38,7 +36,7 @@ class Policy(StrEnum):
 @dataclass(frozen=True, slots=True)
 class PolicyOptions:
     prefer_closest: bool = False
-    max_numa_nodes: int = DEFAULT_MAX_NUMA_NODES
+    max_numa_nodes: int | None = DEFAULT_MAX_NUMA_NODES
     strategy: Strategy = Strategy.NONE
     weights: Mapping[str, int] | None = None
 
@@ -89,14 +87,14 @@ def check_machine(policy: Policy, options: PolicyOptions, machine: Machine) -> N
     """The start-up checks: the node limit, and distances for prefer-closest."""
     if policy is Policy.NONE:
         return
-    if len(machine.nodes) > options.max_numa_nodes:
+    limit = options.max_numa_nodes
+    if limit is not None and len(machine.nodes) > limit:
         raise ConfigError(
             "[topology] options max-allowable-numa-nodes",
-            f"this machine has {len(machine.nodes)} NUMA nodes; numad's merge is set up for"
-            f" at most {options.max_numa_nodes}",
-            f'set options = {{ "max-allowable-numa-nodes" = "{len(machine.nodes)}" }} in'
-            f" [topology] of the config file (/etc/numad/numad.toml or --config); numad"
-            f" merges up to {MAX_NUMA_NODES_LIMIT} nodes",
+            f"this machine has {len(machine.nodes)} NUMA nodes, more than the"
+            f" max-allowable-numa-nodes of {limit} set in the config",
+            "raise it, or remove it from options in [topology] of the config file"
+            " (/etc/numad/numad.toml or --config): numad has no limit of its own",
         )
     if (
         options.prefer_closest
@@ -119,17 +117,21 @@ def merge(
     if policy is Policy.NONE:
         return Decision(None, preferred=False, score=0, admit=True, policy=policy)
     lists = flatten(providers)
+    described = any(hl.space is not None for hl in lists)
     if policy is Policy.SINGLE_NUMA_NODE:
         lists = tuple(_single_numa_filter(hl) for hl in lists)
     closest = options.prefer_closest and policy is not Policy.SINGLE_NUMA_NODE
-    merger = Merger(
-        lists,
-        machine.nodes.bits,
-        distance=machine.distance if closest else None,
-        strategy=options.strategy,
-        weights=options.weights,
-    )
-    result = merger.run()
+    distance = machine.distance if closest else None
+    if described or len(machine.nodes) > LISTABLE:
+        result = _search(lists, machine.nodes.bits, distance)
+    else:
+        result = Merger(
+            lists,
+            machine.nodes.bits,
+            distance=distance,
+            strategy=options.strategy,
+            weights=options.weights,
+        ).run()
     affinity: NodeSet | None = NodeSet.from_bits(result.mask)
     score = result.score
     if policy is Policy.SINGLE_NUMA_NODE and result.mask == machine.nodes.bits:
@@ -141,7 +143,32 @@ def merge(
     return Decision(affinity, result.preferred, score, admit, policy, lists)
 
 
+def _search(lists: Sequence[HintList], default: int, distance: Distance | None) -> Merged:
+    """The merge by search; past its budget, the fold of listed hints where the
+    machine is small enough to list them, else the documented rule (numad.search)."""
+    search = Search(lists, default, distance=distance)
+    try:
+        return search.run()
+    except SearchBudgetError:
+        if default.bit_count() <= LISTABLE:
+            listed = [hl if hl.space is None else _listed(hl) for hl in lists]
+            return Merger(listed, default, distance=distance).run()
+        return search.fallback()
+
+
+def _listed(hl: HintList) -> HintList:
+    assert hl.space is not None
+    hints = hl.space.materialize()
+    return replace(hl, hints=hints, given=hints, space=None)
+
+
 def _single_numa_filter(hl: HintList) -> HintList:
+    if hl.space is not None:  # the one-node preferred hints, listed
+        space = hl.space
+        kept = tuple(
+            Hint(NodeSet([n]), preferred=True) for n in space.node_ids() if space.preferred(1 << n)
+        )
+        return replace(hl, hints=kept, space=None)  # ``given`` stays: it had hints
     kept = tuple(
         h for h in hl.hints if h.preferred and (h.affinity is None or len(h.affinity) == 1)
     )
@@ -198,10 +225,6 @@ def _parse_max_nodes(value: str) -> int:
         raise ConfigError(
             name,
             f'the minimum value of "{name}" should not be less than {KUBELET_MIN_MAX_NUMA_NODES}',
-        )
-    if number > MAX_NUMA_NODES_LIMIT:
-        raise ConfigError(
-            name, f"numad merges at most {MAX_NUMA_NODES_LIMIT} NUMA nodes, got {number}"
         )
     return number
 

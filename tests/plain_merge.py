@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from numad.hints import ProviderHints
+from numad.hintspace import listed
 
 Mask = int | None
 Flat = tuple[str, list[tuple[Mask, bool, int]]]
@@ -130,7 +131,7 @@ def _flatten(providers: Sequence[ProviderHints]) -> list[Flat]:
             flat.append(("", [(None, True, 0)]))
             continue
         for name in sorted(provider):
-            hints = provider[name]
+            hints = listed(provider[name])  # a described answer, as the kubelet lists it
             if hints is None:
                 flat.append((name, [(None, True, 0)]))
             elif not hints:

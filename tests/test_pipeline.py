@@ -16,6 +16,7 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.explain import explain
 from numad.hints import Hint, ProviderHints
+from numad.hintspace import HintSpace, listed
 from numad.managers.cpu.state import CPUState
 from numad.managers.cpu.static import StaticOptions, StaticPolicy
 from numad.managers.cpu.topology import CPUTopology, mask_of
@@ -89,7 +90,8 @@ class Host:
         return [device, cpu, mem]
 
 
-def _nodes(hints: Sequence[Hint] | None) -> list[tuple[list[int], bool]] | None:
+def _nodes(hints: Sequence[Hint] | HintSpace | None) -> list[tuple[list[int], bool]] | None:
+    hints = listed(hints)
     return None if hints is None else [(list(h.affinity or ()), h.preferred) for h in hints]
 
 

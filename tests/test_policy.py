@@ -73,11 +73,6 @@ def test_options_parse(raw: dict[str, str], expected: PolicyOptions) -> None:
             id="below-8",
         ),
         pytest.param(
-            {"max-allowable-numa-nodes": "64"},
-            "numad merges at most 20 NUMA nodes",
-            id="above-limit",
-        ),
-        pytest.param(
             {"numa-allocation-strategy": "packed"},
             'must be one of ["least-allocated" "most-allocated" "none"]',
             id="strategy",
@@ -108,20 +103,22 @@ def test_weight_errors(value: str, message: str) -> None:
     assert message in str(err.value)
 
 
-def test_node_limit_defaults_far_above_eight() -> None:
-    machine = Machine(NodeSet(range(16)))
-    check_machine(Policy.RESTRICTED, PolicyOptions(), machine)  # 16 nodes: fine by default
-    assert DEFAULT_MAX_NUMA_NODES == 16
+def test_no_node_limit_by_default_and_the_kubelet_meaning_where_set() -> None:
+    assert DEFAULT_MAX_NUMA_NODES is None
+    for n in (16, 17, 34, 64, 256):  # numad sets no ceiling of its own
+        check_machine(Policy.RESTRICTED, PolicyOptions(), Machine(NodeSet(range(n))))
+    options = parse_options(Policy.RESTRICTED, {"max-allowable-numa-nodes": "64"})
+    check_machine(Policy.RESTRICTED, options, Machine(NodeSet(range(64))))
     with pytest.raises(ConfigError) as caught:
-        check_machine(Policy.RESTRICTED, PolicyOptions(), Machine(NodeSet(range(17))))
-    # The message names the file, the section and the key, and what to write there.
+        check_machine(Policy.RESTRICTED, options, Machine(NodeSet(range(65))))
+    # The message names the file, the section and the key, and what to do.
     assert str(caught.value) == (
-        "[topology] options max-allowable-numa-nodes: this machine has 17 NUMA nodes; numad's"
-        ' merge is set up for at most 16; set options = { "max-allowable-numa-nodes" ='
-        ' "17" } in [topology] of the config file (/etc/numad/numad.toml or --config);'
-        " numad merges up to 20 nodes"
+        "[topology] options max-allowable-numa-nodes: this machine has 65 NUMA nodes, more"
+        " than the max-allowable-numa-nodes of 64 set in the config; raise it, or remove it"
+        " from options in [topology] of the config file (/etc/numad/numad.toml or --config):"
+        " numad has no limit of its own"
     )
-    check_machine(Policy.NONE, PolicyOptions(), Machine(NodeSet(range(40))))  # none never merges
+    check_machine(Policy.NONE, options, Machine(NodeSet(range(80))))  # none never merges
 
 
 def test_prefer_closest_needs_distances() -> None:

@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from numad.cpuset import NodeSet
 from numad.errors import AllocationError, ConfigError
-from numad.hints import Hint, masks_in_kubelet_order, subset_sums
+from numad.hintspace import HintSpace, min_width
 from numad.topology.model import PciDevice, Topology
 
 Key = tuple[str, str]  # (workload, container)
@@ -119,10 +119,11 @@ class DeviceState:
 
     def hints(
         self, key: Key, name: str, count: int, reuse_from: Sequence[Key] = ()
-    ) -> tuple[Hint, ...] | None:
-        """The kubelet's device hints (reference 2.2). ``reuse_from``: the workload's
-        finished init containers, whose devices this container may take over: a mask
-        must hold every one of them that has a node, and they count toward the request."""
+    ) -> HintSpace | tuple[()] | None:
+        """The kubelet's device hints (reference 2.2), described. ``reuse_from``: the
+        workload's finished init containers, whose devices this container may take
+        over: a mask must hold every one of them that has a node, and they count
+        toward the request."""
         devices = self._devices(name)
         if count <= 0 or all(d.node is None for d in devices):
             return None  # the class has no topology: no preference
@@ -138,21 +139,25 @@ class DeviceState:
             reusable = tuple(d for d in devices if d.address in theirs)
             if len(pool) + len(reusable) < count:
                 return ()
-        nodes = self.inventory.nodes
-        total = subset_sums([sum(1 for d in devices if d.node == n) for n in nodes])
-        usable = subset_sums([sum(1 for d in pool if d.node == n) for n in nodes])
-        must = {nodes.index(d.node) for d in reusable if d.node is not None}
+        ids = list(self.inventory.nodes)
+        size = max(ids, default=0) + 1
+        total, usable = [0] * size, [0] * size
+        for d in devices:
+            if d.node is not None and d.node in ids:
+                total[d.node] += 1
+        for d in pool:
+            if d.node is not None and d.node in ids:
+                usable[d.node] += 1
+        must = sum(1 << n for n in {d.node for d in reusable if d.node is not None})
         placed = len([d for d in reusable if d.node is not None])  # the kubelet skips the rest
-        min_width = len(nodes)
-        found: list[tuple[int, ...]] = []
-        for index, positions in masks_in_kubelet_order(len(nodes)):
-            if total[index] >= count:
-                min_width = min(min_width, len(positions))
-            if not must <= set(positions):
-                continue  # a reusable device lies outside the mask
-            if usable[index] + placed >= count:
-                found.append(tuple(nodes[i] for i in positions))
-        return tuple(Hint(NodeSet(m), len(m) == min_width) for m in found)
+        nodes = sum(1 << n for n in ids)
+        return HintSpace(
+            nodes,
+            (tuple(usable),),
+            (count - placed,),
+            min_width((tuple(total),), (count,), nodes),
+            must=must,
+        )
 
     # -- allocation (reference 2.3, made deterministic) ---------------------------------------
 

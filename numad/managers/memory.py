@@ -23,13 +23,13 @@ Where numad does better than the kubelet:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from numad.cpuset import NodeSet
 from numad.errors import AllocationError, ConfigError
-from numad.hints import Hint, masks_in_kubelet_order, subset_sums
+from numad.hintspace import HintSpace, min_width
 from numad.topology.model import Topology
 
 MEMORY = "memory"
@@ -208,36 +208,46 @@ class MemoryState:
         wanted = NodeSet(mask)
         return all(g == wanted for n in mask for g in of[n])
 
-    def hints(self, request: Amounts) -> dict[str, tuple[Hint, ...]] | None:
-        """The same hint list for every requested resource (None: nothing requested)."""
-        wanted = {r: v for r, v in request.items() if v > 0}
+    def hints(self, request: Amounts) -> dict[str, HintSpace] | None:
+        """The same hints for every requested resource, described (None: nothing
+        requested): node sets whose free amounts hold the request, under the group
+        rule; preferred when as narrow as the fewest nodes whose allocatable amounts
+        could hold it."""
+        wanted = sorted((r, v) for r, v in request.items() if v > 0)
         if not wanted:
             return None
         # Unlike the kubelet, nodes with no capacity for any requested resource
         # (memory-less nodes) are left out: in a mask they add nothing but a
         # group that would keep their neighbour from serving single-NUMA requests.
-        nodes = tuple(
-            n for n in self.table.nodes if any(self.table.allocatable(n, r) for r in wanted)
+        ids = [n for n in self.table.nodes if any(self.table.allocatable(n, r) for r, _ in wanted)]
+        size = max(ids, default=0) + 1
+        nodes = sum(1 << n for n in ids)
+        free = tuple(_row(size, {n: self.free(n, r) for n in ids}) for r, _ in wanted)
+        capacity = tuple(
+            _row(size, {n: self.table.allocatable(n, r) for n in ids}) for r, _ in wanted
         )
-        allocatable = {
-            r: subset_sums([self.table.allocatable(n, r) for n in nodes]) for r in wanted
-        }
-        free = {r: subset_sums([self.free(n, r) for n in nodes]) for r in wanted}
-        groups = {n: self.groups(n) for n in nodes}
-        min_width = len(nodes)
-        found: list[tuple[int, ...]] = []
-        for index, positions in masks_in_kubelet_order(len(nodes)):
-            if any(allocatable[r][index] < v for r, v in wanted.items()):
-                continue
-            mask = tuple(nodes[i] for i in positions)
-            min_width = min(min_width, len(mask))
-            if not self._usable(mask, groups):
-                continue
-            if any(free[r][index] < v for r, v in wanted.items()):
-                continue
-            found.append(mask)
-        hints = tuple(Hint(NodeSet(m), len(m) == min_width) for m in found)
-        return dict.fromkeys(wanted, hints)
+        need = tuple(v for _, v in wanted)
+        groups = {n: self.groups(n) for n in ids}
+        pool = sum(1 << n for n in ids if not groups[n])
+        singles = sum(1 << n for n in ids if all(len(g) <= 1 for g in groups[n]))
+        multi = {g.bits for gs in groups.values() for g in gs if len(g) > 1}
+        usable = tuple(
+            sorted(
+                g
+                for g in multi
+                if not g & ~nodes and all(groups[n] == {NodeSet.from_bits(g)} for n in _ids(g))
+            )
+        )
+        space = HintSpace(
+            nodes,
+            free,
+            need,
+            min_width(capacity, need, nodes),
+            pool=pool,
+            singles=singles,
+            groups=usable,
+        )
+        return dict.fromkeys((r for r, _ in wanted), space)
 
     # -- allocation (reference 1.6) and release ----------------------------------------------
 
@@ -246,14 +256,14 @@ class MemoryState:
         if not wanted or key in self.blocks:
             return self
         subject = f"{key[0]}/{key[1]}"
-        hints = (self.hints(wanted) or {}).get(next(iter(wanted)), ())
+        space = next(iter((self.hints(wanted) or {}).values()))
         if affinity is not None:  # memory-less nodes of the merged affinity hold nothing
             affinity = NodeSet(
                 n for n in affinity if any(self.table.allocatable(n, r) for r in wanted)
             )
-        mask = affinity or _best(hints, subject, "get the default NUMA affinity")
+        mask = affinity or _best(space.first(), subject, "get the default NUMA affinity")
         if any(sum(self.free(n, r) for n in mask) < v for r, v in wanted.items()):
-            wider = tuple(h for h in hints if h.affinity is not None and mask.issubset(h.affinity))
+            wider = space.first(base=mask.bits) if mask.bits & ~space.nodes == 0 else None
             mask = _best(wider, subject, "find NUMA nodes to extend the current topology hint")
         if not self._usable(tuple(mask)):
             raise AllocationError(
@@ -287,17 +297,26 @@ class MemoryState:
         return replace(self, blocks=MappingProxyType(kept))
 
 
-def _best(hints: Sequence[Hint], subject: str, what: str) -> NodeSet:
-    """Preferred first, then narrowest, then first listed."""
-    ranked = sorted(
-        (h for h in hints if h.affinity is not None),
-        key=lambda h: (not h.preferred, len(h.affinity or ())),
-    )
-    if not ranked:
+def _best(found: int | None, subject: str, what: str) -> NodeSet:
+    """The kubelet's pick among the hints: preferred first, then narrowest, then the
+    first listed; preferred hints are the narrowest ones, so the first hint in the
+    kubelet's order (``HintSpace.first``)."""
+    if found is None:
         raise AllocationError(
             subject,
             f"[memorymanager] failed to {what}, no NUMA nodes with enough memory is available",
             "free memory on this machine or ask for less",
         )
-    assert ranked[0].affinity is not None
-    return ranked[0].affinity
+    return NodeSet.from_bits(found)
+
+
+def _row(size: int, amounts: Mapping[int, int]) -> tuple[int, ...]:
+    """Amounts by node id as a row indexed by node id (0 where none is given)."""
+    row = [0] * size
+    for n, amount in amounts.items():
+        row[n] = amount
+    return tuple(row)
+
+
+def _ids(mask: int) -> list[int]:
+    return [n for n in range(mask.bit_length()) if mask >> n & 1]

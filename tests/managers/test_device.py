@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
 from numad.hints import Hint
+from numad.hintspace import listed
 from numad.managers.device import DeviceClass, DeviceInventory, DeviceState, Key
 from numad.topology.model import NumaNode, PciDevice, Topology
 
@@ -60,6 +61,7 @@ def _gpus(devices: list[tuple[str, int | None]] = GPUS, nodes: int = 3) -> Devic
 
 
 def _masks(hints: tuple[Hint, ...] | None) -> Masks | None:
+    hints = listed(hints)
     if hints is None:
         return None
     return [(tuple(h.affinity or ()), h.preferred) for h in hints]

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
+from numad.hints import Hint
+from numad.hintspace import HintSpace, listed
 from numad.managers.memory import (
     MEMORY,
     Block,
@@ -59,11 +61,18 @@ def _state(topo: Topology, kernel_free: Mapping[tuple[int, str], int] | None = N
     return MemoryState(MemoryTable.build(topo), kernel_free=kernel_free or {})
 
 
+def _listed(hints: Mapping[str, HintSpace] | None) -> dict[str, tuple[Hint, ...]] | None:
+    """The provider's described hints as the kubelet lists them."""
+    if hints is None:
+        return None
+    return {r: listed(space) or () for r, space in hints.items()}
+
+
 def _hints(state: MemoryState, request: Mapping[str, int]) -> Masks:
     """The hint list, checked to be the same for every requested resource."""
-    hints = state.hints(request)
+    hints = _listed(state.hints(request))
     assert hints is not None
-    lists = {tuple((h.affinity, h.preferred) for h in listed) for listed in hints.values()}
+    lists = {tuple((h.affinity, h.preferred) for h in each) for each in hints.values()}
     assert len(lists) == 1, hints
     return [(tuple(h.affinity or ()), h.preferred) for h in next(iter(hints.values()))]
 
@@ -482,11 +491,11 @@ BOTH = [((0,), True), ((1,), True), ((0, 1), False)]
 def test_hugepage_hints(
     recorded: Callable[[str], Topology], amounts: dict[str, int], expected: Masks
 ) -> None:
-    hints = _state(recorded(INTEL)).hints(amounts)
+    hints = _listed(_state(recorded(INTEL)).hints(amounts))
     assert hints is not None
     assert set(hints) == {r for r, v in amounts.items() if v > 0}
-    for listed in hints.values():
-        assert [(tuple(h.affinity or ()), h.preferred) for h in listed] == expected
+    for each in hints.values():
+        assert [(tuple(h.affinity or ()), h.preferred) for h in each] == expected
 
 
 def test_memory_and_hugepages_allocated_together(recorded: Callable[[str], Topology]) -> None:
@@ -684,7 +693,7 @@ def _check_sound(state: MemoryState) -> None:
 
 
 def _step(state: MemoryState, op: Alloc) -> MemoryState:
-    hints = state.hints(op.request)
+    hints = _listed(state.hints(op.request))
     wanted = {r: v for r, v in op.request.items() if v > 0}
     try:
         placed = state.allocate(op.key, op.request, op.affinity)
@@ -732,7 +741,7 @@ def test_hints_are_exactly_the_masks_that_fit(run: Run, request: dict[str, int])
             with contextlib.suppress(AllocationError):
                 state = state.allocate(op.key, op.request, op.affinity)
     wanted = {r: v for r, v in request.items() if v > 0}
-    hints = state.hints(request)
+    hints = _listed(state.hints(request))
     if not wanted:
         assert hints is None
         return
@@ -760,5 +769,5 @@ def test_hints_are_exactly_the_masks_that_fit(run: Run, request: dict[str, int])
         if usable and all(total(mask, state.free, r) >= v for r, v in wanted.items()):
             expected.append((mask, len(mask) == narrowest))
     assert set(hints) == set(wanted)
-    for listed in hints.values():
-        assert [(tuple(h.affinity or ()), h.preferred) for h in listed] == expected
+    for each in hints.values():
+        assert [(tuple(h.affinity or ()), h.preferred) for h in each] == expected

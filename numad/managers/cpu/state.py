@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
-from numad.hints import Hint
+from numad.hintspace import HintSpace
 from numad.managers.cpu.static import StaticPolicy
 
 Key = tuple[str, str]  # (workload, container)
@@ -66,8 +66,8 @@ class CPUState:
 
     def hints(
         self, policy: StaticPolicy, workload: str, container: str, count: int
-    ) -> tuple[Hint, ...] | None:
-        return policy.hints(
+    ) -> HintSpace | tuple[()] | None:
+        return policy.hint_space(
             self.available,
             count,
             reusable=self._reusable_for(workload),

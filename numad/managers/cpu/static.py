@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import combinations
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
 from numad.hints import Hint
+from numad.hintspace import HintSpace, min_width
 from numad.managers.cpu.distributed import take_distributed
 from numad.managers.cpu.packed import Strategy, take_packed
 from numad.managers.cpu.topology import CPUTopology
@@ -167,40 +167,54 @@ class StaticPolicy:
     def hints(
         self, available: int, count: int, *, reusable: int = 0, allocated: int | None = None
     ) -> tuple[Hint, ...] | None:
-        """NUMA hints for ``count`` exclusive CPUs (None: no preference, for 0 CPUs)."""
+        """NUMA hints for ``count`` exclusive CPUs, listed (None: no preference)."""
+        space = self.hint_space(available, count, reusable=reusable, allocated=allocated)
+        return space.materialize() if isinstance(space, HintSpace) else space
+
+    def hint_space(
+        self, available: int, count: int, *, reusable: int = 0, allocated: int | None = None
+    ) -> HintSpace | tuple[()] | None:
+        """NUMA hints for ``count`` exclusive CPUs, described (reference 7): every node
+        set whose available CPUs, with the reusable ones (all of which it must hold),
+        reach ``count``; preferred when as narrow as the fewest nodes whose CPUs, free
+        or not, could hold it (or, aligned by socket, touching as few sockets).
+        None: no preference (0 CPUs); (): an assignment of another size."""
         if count == 0:
             return None
         if allocated is not None:
             if allocated.bit_count() != count:
                 return ()  # an assignment of another size: cannot be satisfied
-            return self._generate(allocated, 0, count)
-        return self._generate(available, reusable, count)
-
-    def _generate(self, available: int, reusable: int, count: int) -> tuple[Hint, ...]:
+            available, reusable = allocated, 0
         t = self.topo
-        nodes = sorted(t.numa)
-        min_width = len(nodes)
-        found: list[tuple[int, ...]] = []
-        for width in range(1, len(nodes) + 1):
-            for combo in combinations(nodes, width):
-                mask = t.numa_mask(combo)
-                if mask.bit_count() >= count and width < min_width:
-                    min_width = width
-                if reusable & ~mask:
-                    continue
-                if reusable.bit_count() + (available & mask).bit_count() < count:
-                    continue
-                found.append(combo)
-        return tuple(Hint(NodeSet(c), self._preferred(c, min_width)) for c in found)
-
-    def _preferred(self, combo: tuple[int, ...], min_width: int) -> bool:
-        if self.options.align_by_socket and self.topo.num_sockets:
-            per_socket = self.topo.num_numa_nodes // self.topo.num_sockets
+        ids = sorted(t.numa)
+        size = max(ids) + 1
+        free, capacity = [0] * size, [0] * size
+        must = 0
+        for n in ids:
+            free[n] = (available & t.numa[n]).bit_count()
+            capacity[n] = t.numa[n].bit_count()
+            if reusable & t.numa[n]:
+                must |= 1 << n
+        nodes = sum(1 << n for n in ids)
+        width = min_width((tuple(capacity),), (count,), nodes)
+        sockets: tuple[int, ...] = ()
+        min_sockets = 0
+        if self.options.align_by_socket and t.num_sockets:
+            per_socket = t.num_numa_nodes // t.num_sockets
             if per_socket:
-                min_sockets = (min_width + per_socket - 1) // per_socket
-                if len(self.topo.sockets_of(self.topo.numa_mask(combo))) == min_sockets:
-                    return True
-        return len(combo) == min_width
+                min_sockets = (width + per_socket - 1) // per_socket
+                sockets = tuple(
+                    sum(1 << n for n in ids if t.numa[n] & t.socket[s]) for s in sorted(t.socket)
+                )
+        return HintSpace(
+            nodes,
+            (tuple(free),),
+            (count - reusable.bit_count(),),
+            width,
+            must=must,
+            sockets=sockets,
+            min_sockets=min_sockets,
+        )
 
     def reserve(self, count: int, explicit: int | None = None) -> int:
         """Reserved CPUs: an explicit list of ``count`` CPUs, or ``count`` CPUs chosen by

@@ -6,6 +6,7 @@ import pytest
 
 from numad.cpuset import NodeSet
 from numad.errors import AllocationError
+from numad.hintspace import listed
 from numad.managers.cpu.state import ContainerKind, CPUState
 from numad.managers.cpu.static import StaticOptions, StaticPolicy
 from numad.managers.cpu.topology import CPUInfo, CPUTopology, bits, mask_of
@@ -81,7 +82,7 @@ def test_an_existing_assignment_is_kept_and_its_hints_come_from_it() -> None:
     policy = StaticPolicy(DUAL, StaticOptions())
     state = _state(DUAL, [0]).allocate(policy, ("w", "c"), 2, NodeSet([1]))
     assert state.allocate(policy, ("w", "c"), 2, NodeSet([0])) is state
-    hints = state.hints(policy, "w", "c", 2)
+    hints = listed(state.hints(policy, "w", "c", 2))
     assert hints is not None
     assert [(list(h.affinity or ()), h.preferred) for h in hints] == [([1], True), ([0, 1], False)]
     assert state.hints(policy, "w", "c", 4) == ()  # another size than assigned: cannot satisfy
