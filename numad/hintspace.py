@@ -23,6 +23,8 @@ Masks are node bit masks (bit n: NUMA node n), as in ``numad.merge``.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -100,12 +102,7 @@ class HintSpace:
     def first(self, within: int | None = None, base: int = 0) -> int | None:
         """The first hint in the kubelet's order that holds ``base`` and lies in
         ``within``: the narrowest, then the lexicographically first."""
-        allowed = self.nodes if within is None else self.nodes & within
-        top = allowed.bit_count()
-        for w in range(max(1, base.bit_count()), top + 1):
-            for mask in self.of_width(w, allowed, base):
-                return mask
-        return None
+        return _first(self, self.nodes if within is None else self.nodes & within, base)
 
     def narrowest(self) -> int | None:
         """The width of the narrowest hint; None when there is no hint."""
@@ -138,15 +135,7 @@ class HintSpace:
         nodes = list(_bits(allowed))
         dims = range(len(self.need))
         rows = self.free
-        # best[i][k][d]: the most k nodes from nodes[i:] can add in dimension d
-        best = [[[0] * len(self.need) for _ in range(w + 1)] for _ in range(len(nodes) + 1)]
-        for i in range(len(nodes) - 1, -1, -1):
-            for d in dims:
-                tail = sorted((rows[d][n] for n in nodes[i:]), reverse=True)
-                acc = 0
-                for k in range(1, w + 1):
-                    acc += tail[k - 1] if k - 1 < len(tail) else 0
-                    best[i][k][d] = acc
+        best = _tails(rows, nodes, w)  # best[i][k][d]: the most k of nodes[i:] add in d
         must = [n for n in nodes if base >> n & 1]
 
         def walk(i: int, chosen: int, count: int, have: list[int]) -> Iterator[int]:
@@ -178,6 +167,53 @@ class HintSpace:
         for w in range(1, self.nodes.bit_count() + 1):
             hints.extend(Hint(NodeSet.from_bits(m), self.prefers(m)) for m in self.of_width(w))
         return tuple(hints)
+
+
+@functools.lru_cache(maxsize=1024)
+def _first(space: HintSpace, allowed: int, base: int) -> int | None:
+    """``HintSpace.first``, remembered (the merge asks each space more than once). The
+    search starts at the narrowest width whose best nodes could reach the need."""
+    nodes = list(_bits(allowed))
+    start = max(1, base.bit_count())
+    if nodes:
+        tails = _tails(space.free, nodes, len(nodes))[0]
+        reach = [
+            k
+            for k in range(len(nodes) + 1)
+            if all(a >= q for a, q in zip(tails[k], space.need, strict=True))
+        ]
+        if not reach:
+            return None
+        start = max(start, reach[0])
+    for w in range(start, len(nodes) + 1):
+        for mask in space.of_width(w, allowed, base):
+            return mask
+    return None
+
+
+def forget_searches() -> None:
+    """Drop what ``_first`` remembers: each merge starts afresh (a benchmark that
+    repeats one merge must not time remembered answers)."""
+    _first.cache_clear()
+
+
+def _tails(rows: Amounts, nodes: Sequence[int], w: int) -> list[list[list[int]]]:
+    """``best[i][k][d]``: the most that ``k`` of ``nodes[i:]`` add in dimension ``d``
+    (k up to ``w``): one pass from the end, keeping each dimension's amounts sorted."""
+    dims = len(rows)
+    best = [[[0] * dims for _ in range(w + 1)] for _ in range(len(nodes) + 1)]
+    ranked: list[list[int]] = [[] for _ in range(dims)]
+    for i in range(len(nodes) - 1, -1, -1):
+        level = best[i]
+        for d in range(dims):
+            bisect.insort(ranked[d], -rows[d][nodes[i]])
+            acc = 0
+            for k, neg in enumerate(ranked[d][:w], 1):
+                acc -= neg
+                level[k][d] = acc
+            for k in range(len(ranked[d]) + 1, w + 1):
+                level[k][d] = acc
+    return best
 
 
 def min_width(capacity: Amounts, need: Sequence[int], nodes: int) -> int:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from numad.cpuset import NodeSet
 from numad.errors import ConfigError
 from numad.hints import Hint, HintList, ProviderHints, flatten
+from numad.hintspace import forget_searches
 from numad.merge import Distance, Merged, Merger, Strategy
 from numad.search import LISTABLE, Search, SearchBudgetError
 
@@ -116,6 +117,7 @@ def merge(
     """The policy's merge of every provider's hints, and whether to admit."""
     if policy is Policy.NONE:
         return Decision(None, preferred=False, score=0, admit=True, policy=policy)
+    forget_searches()  # what one merge remembers is not carried into the next (nor timed)
     lists = flatten(providers)
     described = any(hl.space is not None for hl in lists)
     if policy is Policy.SINGLE_NUMA_NODE:
