@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TypeAlias
 
-from numad import __version__
+from numad import __version__, redhat
 from numad.commands import add_commands
 from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
@@ -42,6 +42,10 @@ _Command = Callable[[argparse.Namespace], int]
 def main(argv: list[str] | None = None) -> int:
     """Run ``numad`` with ``argv`` (default: the process arguments); return the exit status."""
     configure_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if redhat.is_redhat(argv):  # Red Hat numad's command line (libvirt runs numad -w)
+        configure_logging(quiet=True)
+        return redhat.main(argv)
     parser = _parser()
     try:
         args = parser.parse_args(argv)
