@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
 from numad.hints import Hint
-from numad.hintspace import listed
+from numad.hintspace import HintSpace, listed
 from numad.managers.device import DeviceClass, DeviceInventory, DeviceState, Key
 from numad.topology.model import NumaNode, PciDevice, Topology
 
@@ -60,7 +60,7 @@ def _gpus(devices: list[tuple[str, int | None]] = GPUS, nodes: int = 3) -> Devic
     return DeviceState(DeviceInventory.build(_topology(nodes, devices), [GPU]))
 
 
-def _masks(hints: tuple[Hint, ...] | None) -> Masks | None:
+def _masks(hints: HintSpace | tuple[Hint, ...] | None) -> Masks | None:
     hints = listed(hints)
     if hints is None:
         return None
