@@ -18,9 +18,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
-from numad import __version__, redhat
+from numad import __version__, defaults, redhat
+from numad.api.client import request
 from numad.commands import add_commands
 from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
@@ -95,6 +96,20 @@ def _add_topology(sub: _Subparsers) -> None:
         "--root", metavar="DIR", help="read host files under DIR instead of / (a recorded tree)"
     )
     topo.add_argument("--json", action="store_true", help="print JSON instead of the tree")
+    topo.add_argument(
+        "--nrt",
+        action="store_true",
+        help="print this host as a NodeResourceTopology object (topology.node.k8s.io/v1alpha2,"
+        " JSON): from the running daemon with what it holds, else as on a fresh start",
+    )
+    topo.add_argument(
+        "--config", type=Path, help="config file for --nrt without a daemon (policy, reserved CPUs)"
+    )
+    topo.add_argument(
+        "--socket",
+        metavar="PATH",
+        help=f"the daemon's socket for --nrt (default {defaults.SOCKET})",
+    )
     source = topo.add_mutually_exclusive_group()
     source.add_argument(
         "--fixture",
@@ -125,6 +140,10 @@ def _add_record(sub: _Subparsers) -> None:
 
 
 def _topology(args: argparse.Namespace) -> int:
+    if args.nrt:
+        configure_logging(quiet=True)  # an offline start logs; the object is the answer
+        print(json.dumps(_nrt(args), indent=2))
+        return 0
     if args.fixture is not None:
         topo = _recorded_machine(args.fixture)
     elif args.auto:
@@ -136,6 +155,25 @@ def _topology(args: argparse.Namespace) -> int:
     else:
         print(to_text(topo), end="")
     return 0
+
+
+def _nrt(args: argparse.Namespace) -> dict[str, Any]:
+    """From the running daemon, or offline on the host, a root or a recorded machine."""
+    socket = args.socket or defaults.SOCKET
+    offline = args.fixture is not None or args.root is not None or args.config is not None
+    if not offline and os.path.exists(socket):
+        return request(socket, "GET", "/v1/nrt")
+    from numad.service import nrt_offline  # noqa: PLC0415 - the daemon's side, offline only
+
+    if args.fixture is None:
+        return nrt_offline(args.config, args.root)
+    with (
+        _archive(args.fixture) as archive,
+        tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch,
+    ):
+        found = nrt_offline(args.config, str(load_fixture(archive, Path(scratch))))
+    found["metadata"]["name"] = Path(args.fixture).name.split(".tar")[0]  # not this host's
+    return found
 
 
 def _host_or_default(root: str) -> Topology:

@@ -144,6 +144,17 @@ class _NoCgroups:
         return CPUSet(), NodeSet()
 
 
+def nrt_offline(config_path: Path | None, root: str | None) -> dict[str, Any]:
+    """This machine (the one under ``root``) as a NodeResourceTopology object, with
+    nothing held: what numad would publish on a fresh start. Writes nothing."""
+    with tempfile.TemporaryDirectory(prefix="numad-nrt-") as scratch:
+        config = load(config_path)
+        fs = HostFS(Path(root).resolve() if root else "/")
+        daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
+        daemon.start()
+        return daemon.nrt()
+
+
 def plan_offline(
     config_path: Path | None, root: str | None, text: str, kind: str
 ) -> dict[str, Any]:

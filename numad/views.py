@@ -6,6 +6,7 @@ Prometheus gauges and counters. Mixed into ``numad.daemon.Daemon``.
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any
 
@@ -17,6 +18,7 @@ from numad.irqs import IrqAffinity
 from numad.isolation import Isolation, unmovable
 from numad.metrics import Metrics
 from numad.migration import Migrations
+from numad.nrt import nrt_object
 from numad.spec import WorkloadSpec
 from numad.topology.model import Topology
 
@@ -54,6 +56,17 @@ class Views:
                     "conflict": [],
                 }
             return {"explanation": why.text(), "conflict": list(why.conflict)}
+
+    def nrt(self) -> dict[str, Any]:
+        """This host as a NodeResourceTopology object, with what is held now."""
+        with self.lock:
+            return nrt_object(
+                socket.gethostname(),
+                self.topology,
+                self.books,
+                self.config.policy,
+                self.config.scope,
+            )
 
     def host(self) -> dict[str, Any]:
         """Host isolation as it stands: each isolated cgroup, how numad writes it and

@@ -77,6 +77,9 @@ class _Stub:
     def host(self) -> dict[str, Any]:
         return {}
 
+    def nrt(self) -> dict[str, Any]:
+        return {}
+
     def list_all(self) -> list[dict[str, Any]]:
         return []
 

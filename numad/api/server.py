@@ -5,6 +5,7 @@ Edge module. Routes (status codes of DESIGN section 4):
     GET    /v1/health                    200 ready | 503 not ready
     GET    /v1/topology                  the topology JSON of `numad topology --json`
     GET    /v1/host                      host isolation: isolated cgroups, what cannot move
+    GET    /v1/nrt                       this host as a NodeResourceTopology object
     GET    /v1/workloads                 every admitted workload
     POST   /v1/workloads                 admit a spec: 201 | 409 rejected (explained) | 422 invalid
     GET    /v1/workloads/NAME            show: 200 | 404
@@ -26,6 +27,7 @@ import socket
 import socketserver
 import struct
 import sys
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
@@ -72,6 +74,7 @@ class Backend(Protocol):
     def topology(self) -> Topology: ...
     def list_all(self) -> list[dict[str, Any]]: ...
     def host(self) -> dict[str, Any]: ...
+    def nrt(self) -> dict[str, Any]: ...
     def parse(self, text: str, fmt: str) -> WorkloadSpec: ...
     def plan(self, spec: WorkloadSpec) -> Outcome: ...
     def admit(self, spec: WorkloadSpec) -> Outcome: ...
@@ -214,12 +217,14 @@ class _Handler(BoundedHandler):
         daemon = self.server.daemon
         if parts[:2] == ["v1", "workloads"] and len(parts) in (3, 4):
             return self._workload(method, parts[2], parts[3:])
-        if parts == ["v1", "topology"] and method == "GET":
-            return 200, to_json(daemon.topology)
-        if parts == ["v1", "host"] and method == "GET":
-            return 200, daemon.host()
-        if parts == ["v1", "workloads"] and method == "GET":
-            return 200, {"workloads": daemon.list_all()}
+        views: dict[tuple[str, ...], Callable[[], dict[str, Any]]] = {
+            ("v1", "topology"): lambda: to_json(daemon.topology),
+            ("v1", "host"): daemon.host,
+            ("v1", "nrt"): daemon.nrt,
+            ("v1", "workloads"): lambda: {"workloads": daemon.list_all()},
+        }
+        if method == "GET" and tuple(parts) in views:
+            return 200, views[tuple(parts)]()
         if parts in (["v1", "workloads"], ["v1", "plan"]) and method == "POST":
             return self._post_spec(parts[1], raw)
         return self._no_route(method)
