@@ -20,7 +20,7 @@ that width in key order, cut by every list's amounts at once.
 Phase 2, non-preferred: every merged mask is the intersection of one pick
 per list. The comparator settles on one width class around B, the widest of
 the lists' narrowest hints (``numad.merge`` point 2), and the least mask of
-that class by key wins. A mask X is reachable when each list has a pick that
+that class by key wins. A mask X is reachable (``numad.reach``) when each list has a pick that
 holds X and the picks leave nothing else in common: every node outside X is
 left out by some list. Explicit picks leave out fixed sets; a described
 list's pool pick leaves out any set whose amounts its slack can spare. That
@@ -44,11 +44,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from numad.hints import HintList
 from numad.hintspace import HintSpace
 from numad.merge import Distance, Merged
+from numad.reach import MergeList, Reach
 
 BUDGET = 200_000  # search steps for one merge
 LISTABLE = 16  # nodes: up to this many, hints can be listed and folded instead
@@ -58,29 +58,6 @@ class SearchBudgetError(Exception):
     """The search ran out of its budget."""
 
 
-@dataclass(frozen=True, slots=True)
-class _List:
-    """One merge list as the search sees it."""
-
-    space: HintSpace | None
-    masks: tuple[tuple[int, bool], ...]  # explicit non-nil hints: (mask, preferred)
-    nil: bool  # holds a nil hint ("any node")
-    preferred_nil: bool
-    pool_ok: bool = False  # a described list: its whole pool is a hint
-    groups: tuple[int, ...] = ()  # a described list: the groups that are hints
-
-    @classmethod
-    def of(cls, hl: HintList) -> _List:
-        s = hl.space
-        if s is not None:
-            groups = tuple(g for g in s.groups if s.enough(g))
-            pool_ok = bool(s.pool_nodes) and s.enough(s.pool_nodes)
-            return cls(s, (), nil=False, preferred_nil=False, pool_ok=pool_ok, groups=groups)
-        masks = tuple((h.mask, h.preferred) for h in hl.hints if h.mask is not None)
-        nils = [h.preferred for h in hl.hints if h.mask is None]
-        return cls(None, masks, nil=bool(nils), preferred_nil=any(nils))
-
-
 class Search:
     """One merge of described and short explicit lists on a machine whose nodes form
     ``default``."""
@@ -88,8 +65,8 @@ class Search:
     def __init__(
         self, lists: Sequence[HintList], default: int, *, distance: Distance | None = None
     ) -> None:
-        self.lists = [_List.of(hl) for hl in lists]
-        self._slack = {id(x.space): x.space.slack for x in self.lists if x.space is not None}
+        self.lists = [MergeList.of(hl) for hl in lists]
+        self.reach = Reach(self.lists, default, self._step)
         self.default = default
         self.distance = distance
         self.steps = 0
@@ -138,7 +115,7 @@ class Search:
         candidates = self._preferred_of(strict[0], strict)
         return min(candidates, key=self.key, default=None)
 
-    def _preferred_of(self, lead: _List, strict: Sequence[_List]) -> list[int]:
+    def _preferred_of(self, lead: MergeList, strict: Sequence[MergeList]) -> list[int]:
         """The least mask by key preferred by every list of ``strict`` (none, or one),
         generated from ``lead``'s preferred masks."""
         accept = self._prefers_all(strict)
@@ -153,7 +130,7 @@ class Search:
                 return [best]
         return []
 
-    def _prefers_all(self, strict: Sequence[_List]) -> Callable[[int], bool]:
+    def _prefers_all(self, strict: Sequence[MergeList]) -> Callable[[int], bool]:
         def accept(mask: int) -> bool:
             for x in strict:
                 if x.space is not None:
@@ -232,7 +209,7 @@ class Search:
         order = [b, *range(min(b, top + 1) - 1, 0, -1), *range(b + 1, top + 1)]
         for w in order:
             if 1 <= w <= top:
-                found = self._least(w, self._coverable(w), self.reachable, record=w == b)
+                found = self._least(w, self._coverable(w), self.reach.reachable, record=w == b)
                 if found is not None:
                     return found
         return None
@@ -245,7 +222,7 @@ class Search:
     def covered(self, mask: int) -> bool:
         return all(self._holds_superset(x, mask) for x in self.lists)
 
-    def _holds_superset(self, x: _List, mask: int) -> bool:
+    def _holds_superset(self, x: MergeList, mask: int) -> bool:
         if x.space is None:
             return (x.nil and not mask & ~self.default) or any(m & mask == mask for m, _ in x.masks)
         s = x.space
@@ -257,121 +234,6 @@ class Search:
         if x.pool_ok and not full & ~s.pool_nodes:
             return True
         return any(g & full == full for g in x.groups)
-
-    def reachable(self, x_mask: int) -> bool:
-        """Whether one pick per list intersects to exactly ``x_mask``."""
-        rest = self.default & ~x_mask
-        fixed: list[list[int]] = []  # per list, the node sets its fixed picks leave out
-        flexible: list[HintSpace | None] = []  # per list, its open pool pick
-        for x in self.lists:
-            options, pool = self._options(x, x_mask, rest)
-            if not options and pool is None:
-                return False
-            if any(o == rest for o in options):
-                options = [rest]
-            fixed.append(options)
-            flexible.append(pool)
-        if any(o == rest for opts in fixed for o in opts):
-            return True
-        return self._choose(0, rest, fixed, flexible, [])
-
-    def _options(self, x: _List, x_mask: int, rest: int) -> tuple[list[int], HintSpace | None]:
-        """What ``x`` can leave out of ``rest`` with a pick holding ``x_mask``: fixed
-        sets, and its pool (a described list whose pool pick is open)."""
-        if x.space is None:
-            opts = [rest & ~m for m, _ in x.masks if m & x_mask == x_mask]
-            if x.nil:
-                opts.append(0)
-            return _maximal(opts), None
-        s = x.space
-        opts = [rest & ~g for g in x.groups if g & x_mask == x_mask]
-        if x_mask.bit_count() == 1 and s.holds(x_mask):
-            opts.append(rest)
-        full = x_mask | s.must
-        pool = None
-        if x.pool_ok and not full & ~s.pool_nodes:
-            pool = s
-        return _maximal(opts), pool
-
-    def _choose(
-        self,
-        i: int,
-        uncovered: int,
-        fixed: list[list[int]],
-        flexible: list[HintSpace | None],
-        pools: list[HintSpace],
-    ) -> bool:
-        """Pick, list by list, a fixed option or the pool; then fit what is left."""
-        self._step()
-        if not uncovered:
-            return True
-        if i == len(fixed):
-            return self._fit(uncovered, pools)
-        for option in sorted(fixed[i], key=lambda o: -(o & uncovered).bit_count()):
-            if self._choose(i + 1, uncovered & ~option, fixed, flexible, pools):
-                return True
-        pool = flexible[i]
-        if pool is not None:
-            return self._choose(i + 1, uncovered, fixed, flexible, [*pools, pool])
-        return False
-
-    def _fit(self, uncovered: int, pools: list[HintSpace]) -> bool:
-        """Whether the pools can leave out every node of ``uncovered`` within their
-        slack: a node outside a pool, or free in it, costs nothing; the rest is packed."""
-        if not pools:
-            return False
-        hard = []
-        for n in _bits(uncovered):
-            bit = 1 << n
-            if any(bit & ~p.pool_nodes or (not bit & p.must and _free_of(p, n)) for p in pools):
-                continue
-            costs = [None if bit & p.must else tuple(r[n] for r in p.free) for p in pools]
-            if all(c is None for c in costs):
-                return False
-            hard.append(costs)
-        slack = [list(self._slack[id(p)]) for p in pools]
-        hard.sort(key=lambda c: -max((sum(x) for x in c if x is not None), default=0))
-        return self._pack(0, hard, slack)
-
-    def _pack(
-        self, i: int, hard: list[list[tuple[int, ...] | None]], slack: list[list[int]]
-    ) -> bool:
-        self._step()
-        if i == len(hard):
-            return True
-        tried: set[tuple[int, ...]] = set()
-        for j, cost in enumerate(hard[i]):
-            if cost is None:
-                continue
-            room = slack[j]
-            if any(c > r for c, r in zip(cost, room, strict=True)):
-                continue
-            state = (j, *room)
-            if state in tried:
-                continue
-            tried.add(state)
-            for d, c in enumerate(cost):
-                room[d] -= c
-            ok = self._pack(i + 1, hard, slack)
-            for d, c in enumerate(cost):
-                room[d] += c
-            if ok:
-                return True
-        return False
-
-
-def _free_of(space: HintSpace, node: int) -> bool:
-    return all(row[node] == 0 for row in space.free)
-
-
-def _maximal(sets: list[int]) -> list[int]:
-    """The sets no other set contains (a larger exclusion never hurts)."""
-    unique = sorted(set(sets), key=lambda s: -s.bit_count())
-    kept: list[int] = []
-    for s in unique:
-        if not any(k & s == s for k in kept):
-            kept.append(s)
-    return kept
 
 
 def _colex(
