@@ -7,7 +7,8 @@ gets random machines of 1-16 nodes (some memory-only, some CPU-less), random
 provider answers shaped as the real providers' (CPU: free CPUs per node and
 reused CPUs; memory: several dimensions and the group rule; devices: reused
 devices), sometimes a provider without preference or with nowhere to go, a
-random policy and random options (prefer-closest over random distances). The
+random policy and random options (prefer-closest over random distances, an allocation
+strategy and score weights, which unscored hints leave without effect). The
 decision of ``numad.policy.merge`` on the described answers must equal the one
 on the same answers listed. Small machines are drawn more often than large
 ones (the listing costs 2^N per list).
@@ -25,7 +26,7 @@ from numad import search
 from numad.cpuset import NodeSet
 from numad.hints import ProviderHints
 from numad.hintspace import HintSpace, listed, min_width
-from numad.merge import Merged
+from numad.merge import Merged, Strategy
 from numad.policy import Decision, Machine, Policy, PolicyOptions, merge
 from numad.search import LISTABLE
 
@@ -170,7 +171,14 @@ def pods(chunk: int) -> Iterator[tuple[Policy, PolicyOptions, Machine, list[Prov
             providers.append({"example.com/other": None})
         policy = rng.choice(POLICIES)
         closest = rng.random() < 0.3
-        options = PolicyOptions(prefer_closest=closest)
+        strategy = rng.choice(list(Strategy))  # no effect on unscored hints, in either merge
+        weights = {"cpu": rng.randint(0, 100), "memory": rng.randint(0, 100)}
+        options = PolicyOptions(
+            prefer_closest=closest,
+            strategy=strategy,
+            weights=weights if rng.random() < 0.3 else None,
+            max_numa_nodes=rng.choice((None, 16)),
+        )
         machine = Machine(NodeSet(range(n)), _distances(rng, n))
         yield policy, options, machine, providers
 
