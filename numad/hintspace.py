@@ -54,7 +54,7 @@ class HintSpace:
 
     def amount(self, mask: int, d: int) -> int:
         row = self.free[d]
-        return sum(row[n] for n in _bits(mask))
+        return sum(row[n] for n in bits(mask))
 
     def enough(self, mask: int) -> bool:
         return all(self.amount(mask, d) >= q for d, q in enumerate(self.need))
@@ -95,7 +95,7 @@ class HintSpace:
         return tuple(self.amount(self.pool_nodes, d) - q for d, q in enumerate(self.need))
 
     def node_ids(self) -> list[int]:
-        return list(_bits(self.nodes))
+        return bits(self.nodes)
 
     # -- searches in the kubelet's order --------------------------------------------------
 
@@ -117,7 +117,7 @@ class HintSpace:
         if base & ~allowed or base.bit_count() > w:
             return
         if w == 1:
-            for n in _bits(allowed & self.single_nodes):
+            for n in bits(allowed & self.single_nodes):
                 m = 1 << n
                 if base & ~m == 0 and self.enough(m):
                     yield m
@@ -132,10 +132,10 @@ class HintSpace:
         need, lexicographically; a branch whose best completion falls short is cut."""
         if base & ~allowed:
             return
-        nodes = list(_bits(allowed))
+        nodes = bits(allowed)
         dims = range(len(self.need))
         rows = self.free
-        best = _tails(rows, nodes, w)  # best[i][k][d]: the most k of nodes[i:] add in d
+        best = top_sums(rows, nodes, w)  # best[i][k][d]: the most k of nodes[i:] add in d
         must = [n for n in nodes if base >> n & 1]
 
         def walk(i: int, chosen: int, count: int, have: list[int]) -> Iterator[int]:
@@ -173,10 +173,10 @@ class HintSpace:
 def _first(space: HintSpace, allowed: int, base: int) -> int | None:
     """``HintSpace.first``, remembered (the merge asks each space more than once). The
     search starts at the narrowest width whose best nodes could reach the need."""
-    nodes = list(_bits(allowed))
+    nodes = bits(allowed)
     start = max(1, base.bit_count())
     if nodes:
-        tails = _tails(space.free, nodes, len(nodes))[0]
+        tails = top_sums(space.free, nodes, len(nodes))[0]
         reach = [
             k
             for k in range(len(nodes) + 1)
@@ -197,7 +197,7 @@ def forget_searches() -> None:
     _first.cache_clear()
 
 
-def _tails(rows: Amounts, nodes: Sequence[int], w: int) -> list[list[list[int]]]:
+def top_sums(rows: Sequence[Sequence[int]], nodes: Sequence[int], w: int) -> list[list[list[int]]]:
     """``best[i][k][d]``: the most that ``k`` of ``nodes[i:]`` add in dimension ``d``
     (k up to ``w``): one pass from the end, keeping each dimension's amounts sorted."""
     dims = len(rows)
@@ -221,7 +221,7 @@ def min_width(capacity: Amounts, need: Sequence[int], nodes: int) -> int:
     ``need`` in every dimension (every node's width when none does): the providers'
     preferred width. One dimension: the largest capacities first. More: a search
     that stops at the first width that works."""
-    members = list(_bits(nodes))
+    members = bits(nodes)
     if not members:
         return 0
     if len(need) == 1:
@@ -238,14 +238,17 @@ def min_width(capacity: Amounts, need: Sequence[int], nodes: int) -> int:
 
 def lex_key(mask: int) -> tuple[int, ...]:
     """The kubelet's order within one width: the node lists, lexicographically."""
-    return tuple(_bits(mask))
+    return tuple(bits(mask))
 
 
-def _bits(mask: int) -> Iterator[int]:
+def bits(mask: int) -> list[int]:
+    """The set bits of ``mask`` (node ids), ascending."""
+    out = []
     while mask:
         low = mask & -mask
-        yield low.bit_length() - 1
+        out.append(low.bit_length() - 1)
         mask ^= low
+    return out
 
 
 def listed(hints: HintSpace | Sequence[Hint] | None) -> tuple[Hint, ...] | None:

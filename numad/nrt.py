@@ -51,6 +51,7 @@ def nrt_object(
     available_cpus = CPUSet.from_bits(cpu.available)
     reserved = CPUSet.from_bits(cpu.reserved)
     memory = books.memory
+    used = {name: books.devices.in_use(name) for name in books.devices.inventory.classes}
     zones = []
     for node in sorted(topo.nodes, key=lambda n: n.id):
         resources = [
@@ -66,12 +67,10 @@ def nrt_object(
                 resources.append(
                     _resource(name, cap.total, cap.allocatable, memory.free(node.id, name))
                 )
-        devices = books.devices
-        for name, members in sorted(devices.inventory.classes.items()):
+        for name, members in sorted(books.devices.inventory.classes.items()):
             here = [d for d in members if d.node == node.id]
             if here:
-                used = devices.in_use(name)
-                free = sum(1 for d in here if d.address not in used)
+                free = sum(1 for d in here if d.address not in used[name])
                 resources.append(_resource(name, len(here), len(here), free))
         costs = [
             {"name": zone_name(other), "value": int(distance)}

@@ -42,11 +42,10 @@ budget, which the differential test checks against the fold.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 from numad.hints import HintList
-from numad.hintspace import HintSpace
+from numad.hintspace import HintSpace, bits, top_sums
 from numad.merge import Distance, Merged
 from numad.reach import MergeList, Reach
 
@@ -82,7 +81,7 @@ class Search:
     def _pair_sum(self, mask: int) -> int:
         if self.distance is None:
             return 0
-        nodes = _bits(mask)
+        nodes = bits(mask)
         return sum(self.distance(a, b) for a in nodes for b in nodes)
 
     def key(self, mask: int) -> tuple[int, float, int]:
@@ -245,19 +244,13 @@ def _colex(
 ) -> Iterator[int]:
     """Masks of ``w`` nodes of ``allowed`` holding ``must`` whose amounts reach every
     row's need, in increasing value; a branch that cannot reach a need is cut."""
-    nodes = _bits(allowed)
+    nodes = bits(allowed)
     if must & ~allowed or must.bit_count() > w:
         return
     needs = [q for _, q in rows]
-    # best[i][k][r]: the most that k nodes among nodes[:i] add to row r
-    best: list[list[list[int]]] = [[[0] * len(rows) for _ in range(w + 1)]]
-    ranked: list[list[int]] = [[] for _ in rows]
-    for i in range(1, len(nodes) + 1):
-        sums = []
-        for r, (row, _) in enumerate(rows):
-            _insort_desc(ranked[r], row[nodes[i - 1]])
-            sums.append([0, *itertools.accumulate(ranked[r][:w])])
-        best.append([[s[min(k, len(s) - 1)] for s in sums] for k in range(w + 1)])
+    # best[i][k][r]: the most that k nodes among nodes[:i] add to row r: the table of
+    # the nodes' suffixes, taken over the nodes in reverse order
+    best = top_sums([row for row, _ in rows], nodes[::-1], w)[::-1]
 
     def walk(i: int, k: int, chosen: int, have: list[int]) -> Iterator[int]:
         # k more nodes among nodes[:i], the highest first
@@ -287,7 +280,7 @@ def _colex_pred(
     """Masks of ``w`` nodes of ``allowed`` in increasing value whose every partial
     choice (the highest nodes first) passes ``ok``; ``ok`` must hold for subsets of
     what it holds for."""
-    nodes = _bits(allowed)
+    nodes = bits(allowed)
 
     def walk(i: int, k: int, chosen: int) -> Iterator[int]:
         if k == 0:
@@ -300,23 +293,3 @@ def _colex_pred(
                 yield from walk(top, k - 1, mask)
 
     yield from walk(len(nodes), w, 0)
-
-
-def _insort_desc(values: list[int], value: int) -> None:
-    lo, hi = 0, len(values)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if values[mid] >= value:
-            lo = mid + 1
-        else:
-            hi = mid
-    values.insert(lo, value)
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out

@@ -29,7 +29,7 @@ from types import MappingProxyType
 
 from numad.cpuset import NodeSet
 from numad.errors import AllocationError, ConfigError
-from numad.hintspace import HintSpace, min_width
+from numad.hintspace import HintSpace, bits, min_width
 from numad.topology.model import Topology
 
 MEMORY = "memory"
@@ -235,7 +235,7 @@ class MemoryState:
             sorted(
                 g
                 for g in multi
-                if not g & ~nodes and all(groups[n] == {NodeSet.from_bits(g)} for n in _ids(g))
+                if not g & ~nodes and all(groups[n] == {NodeSet.from_bits(g)} for n in bits(g))
             )
         )
         space = HintSpace(
@@ -316,7 +316,3 @@ def _row(size: int, amounts: Mapping[int, int]) -> tuple[int, ...]:
     for n, amount in amounts.items():
         row[n] = amount
     return tuple(row)
-
-
-def _ids(mask: int) -> list[int]:
-    return [n for n in range(mask.bit_length()) if mask >> n & 1]
