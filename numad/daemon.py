@@ -19,10 +19,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from numad import durable, state
+from numad import durable, state, units
 from numad.admission import Books, Engine, Outcome, admit, release
 from numad.cgroup import CgroupPath
 from numad.cgroup.v2 import CgroupV2Backend
@@ -294,6 +295,7 @@ class Daemon(Views, Reconciler):
         with self.lock:
             if spec.name in self.specs:
                 raise WorkloadError(spec.name, "is already admitted", "release it first")
+            spec = self._resolved(spec)
             self._check_cgroups_free(spec)
             started = time.perf_counter()
             books, outcome = admit(self.engine, self.books, spec.to_request())
@@ -312,6 +314,17 @@ class Daemon(Views, Reconciler):
             self.update_gauges()
             self.log.info("admission_accepted", workload=spec.name)
             return outcome
+
+    def _resolved(self, spec: WorkloadSpec) -> WorkloadSpec:
+        """A unit's spec with its cgroup as systemd has it (a given one must match)."""
+        if spec.unit is None:
+            return spec
+        roots = tuple(r.strip("/") for r in self.config.paths.managed_roots)
+        path = units.resolve(self.isolation.systemd, spec.unit, spec.name, roots)
+        if spec.cgroup and spec.cgroup != path:
+            problem = f"cgroup: {spec.cgroup} is not {spec.unit}'s cgroup ({path})"
+            raise SpecError(spec.name, problem, "leave cgroup out: numad asks systemd")
+        return replace(spec, cgroup=path)
 
     def release(self, name: str) -> None:
         with self.lock:
@@ -345,8 +358,11 @@ class Daemon(Views, Reconciler):
 
     def _enforce(self, step: Callable[[str], None] | None = None) -> None:
         self._find_others()  # new ones are isolated as they appear
+        owned = {s.cgroup: s.unit for s in self.specs.values() if s.unit is not None}
+        self.isolation.own(owned, self.orphans)  # units' placements go through systemd
         wanted = targets(self.books, self.specs, self.orphans, self.others)
         self.enforcer.apply(wanted, self.books.cpu.shared_pool, step)
+        self.isolation.preset(wanted)
         self._place_irqs()
 
     def _after_commit(self, step: Callable[[], None]) -> None:

@@ -27,7 +27,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from numad.cgroup.v1 import CgroupV1Backend
 from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.durable import read_json, write_file
-from numad.enforce import Cgroups, Log
+from numad.enforce import Cgroups, Log, Target
 from numad.errors import CgroupError, CheckpointError, NumadError
 
 FILE = "isolation.json"
@@ -52,6 +52,8 @@ class Units(Protocol):
     def set_allowed(
         self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
     ) -> None: ...
+    def load(self, name: str) -> str: ...
+    def slice(self, name: str) -> str: ...
 
 
 class Isolation:
@@ -84,6 +86,8 @@ class Isolation:
         self.host: Cgroups | None = None
         self.tops: set[str] = set()
         self.units: dict[str, str | None] = {}  # path -> systemd unit owning it, or None
+        self.workload_units: dict[str, str] = {}  # a workload's cgroup -> its unit (spec.unit)
+        self.presets: dict[str, tuple[int, NodeSet | None]] = {}  # set while not running
         self.originals, self.problem = _load(state_dir)
 
     # -- which cgroups ---------------------------------------------------------------------
@@ -150,10 +154,15 @@ class Isolation:
         return self._backend(path).exists(path)
 
     def ensure(self, path: str) -> None:
-        if self._unit(path) is None:  # systemd enables the controller for its own units
+        # systemd enables the controller for its own units
+        if self._unit(path) is None and self._workload_unit(path) is None:
             self._backend(path).ensure(path)
 
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        unit = self._workload_unit(path)
+        if unit is not None:
+            self._set_unit(path, unit, cpus, mems)
+            return
         if path not in self.isolated:
             self._backend(path).write(path, cpus, mems)
             return
@@ -181,11 +190,51 @@ class Isolation:
         return list(backend.processes(path))
 
     def via(self, path: str) -> str:
-        """How numad writes an isolated cgroup: ``systemd UNIT`` or ``cgroupfs``."""
-        unit = self.units.get(path)
+        """How numad writes a cgroup: ``systemd UNIT`` or ``cgroupfs``."""
+        unit = self.units.get(path) or self._workload_unit(path)
         return f"systemd {unit}" if unit else "cgroupfs"
 
     # -- systemd ---------------------------------------------------------------------------
+
+    def own(self, units: dict[str, str], orphans: Collection[str]) -> None:
+        """The workloads' units (their cgroup -> unit, from the specs), written through
+        systemd; a released unit stays so while its cgroup is an orphan (it is given the
+        shared pool). One that is neither any more has its runtime settings reset, so
+        its next start does not bring back a placement numad no longer holds."""
+        for path, unit in self.workload_units.items():
+            if path in units or path in orphans or self.systemd is None or self.v1:
+                continue
+            try:
+                self.systemd.set_allowed(unit, CPUSet(), NodeSet(), runtime=True)
+            except NumadError as err:
+                self.log.warning("unit_reset_failed", unit=unit, problem=str(err))
+        kept = {p: u for p, u in self.workload_units.items() if p in orphans}
+        self.workload_units = kept | units
+        self.presets = {p: v for p, v in self.presets.items() if p in units}
+
+    def preset(self, wanted: Iterable[Target]) -> None:
+        """A workload unit that is not running gets its placement as runtime properties
+        now, so that systemd applies it from the first instant of its next start (the
+        enforcer writes only cgroups that exist)."""
+        for t in wanted:
+            unit = self._workload_unit(t.path)
+            if unit is None or self.presets.get(t.path) == (t.cpus, t.mems):
+                continue
+            assert self.systemd is not None
+            try:
+                if self._backend(t.path).exists(t.path):
+                    continue
+                self.systemd.set_allowed(unit, CPUSet.from_bits(t.cpus), t.mems, runtime=True)
+            except NumadError as err:
+                self.log.warning("unit_preset_failed", unit=unit, problem=str(err))
+                continue
+            self.presets[t.path] = (t.cpus, t.mems)
+
+    def _workload_unit(self, path: str) -> str | None:
+        """The workload's unit, where numad writes it through systemd (v2 only)."""
+        if self.systemd is None or self.v1:
+            return None
+        return self.workload_units.get(path)
 
     def _unit(self, path: str) -> str | None:
         """The systemd unit whose control group ``path`` is, if systemd owns it (v2 only:
@@ -204,28 +253,38 @@ class Isolation:
             self.units[path] = owned
         return self.units[path]
 
-    def _set_unit(self, path: str, unit: str, cpus: CPUSet) -> None:
-        """AllowedCPUs= at runtime, then wait until systemd has written the file: the
-        enforcer's order (shrink before granting) holds only once the kernel has it."""
+    def _set_unit(
+        self, path: str, unit: str, cpus: CPUSet | None, mems: NodeSet | None = None
+    ) -> None:
+        """AllowedCPUs= (and AllowedMemoryNodes=) at runtime, then wait until systemd
+        has written the files: the enforcer's order (shrink before granting) holds only
+        once the kernel has it. A unit not running gets them when it starts."""
         assert self.systemd is not None
         try:
-            self.systemd.set_allowed(unit, cpus, None, runtime=True)
+            self.systemd.set_allowed(unit, cpus, mems, runtime=True)
         except NumadError as err:
             raise CgroupError(path, f"systemd refused AllowedCPUs= for {unit}: {err}") from err
+        if cpus is None or not self._backend(path).exists(path):
+            return
         deadline = time.monotonic() + APPLY_SECONDS
         delay = 0.005
         while True:
             try:
-                now = self._backend(path).read(path)[0]
+                now, now_mems = self._backend(path).read(path)
             except NumadError:
-                now = CPUSet()  # systemd may drop the cpuset controller for an unset value
-            if now == cpus:
+                now, now_mems = CPUSet(), NodeSet()  # systemd may drop the controller
+            if now == cpus and mems in (None, now_mems):
                 return
             if time.monotonic() >= deadline:
+                asked = f"AllowedCPUs={cpus.format_list()}"
+                held = f"cpuset.cpus {now.format_list() or 'empty'}"
+                if mems is not None:
+                    asked += f" AllowedMemoryNodes={mems.format_list()}"
+                    held += f", cpuset.mems {now_mems.format_list() or 'empty'}"
                 raise CgroupError(
                     path,
-                    f"systemd accepted AllowedCPUs={cpus.format_list()} for {unit} but the"
-                    f" cpuset holds {now.format_list() or 'nothing'} after {APPLY_SECONDS:.0f} s",
+                    f"systemd accepted {asked} for {unit} but the cgroup holds {held}"
+                    f" after {APPLY_SECONDS:.0f} s",
                 )
             self.sleep(delay)
             delay = min(delay * 2, 0.2)

@@ -208,6 +208,8 @@ class Reconciler:
         ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it."""
         now = self.clock()
         for name, spec in list(self.specs.items()):
+            if spec.unit is not None:  # stopped or started, the unit is still the workload
+                continue
             present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
             if any(p is True for p in present):
                 self.seen.add(name)

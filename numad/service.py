@@ -41,8 +41,9 @@ def build(config: Config, root: str | None) -> Daemon:
     if root is None:
         fs = HostFS("/")
         cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
-        # systemd's units are isolated through systemd; without it, through cgroupfs.
-        systemd = Systemd.connect() if config.isolate else None
+        # systemd's units are isolated and placed through systemd; without it, through
+        # cgroupfs (and a spec cannot name a unit).
+        systemd = Systemd.connect()
         log.info("isolation", isolate=config.isolate, systemd=systemd is not None)
         state_dir = Path(config.paths.state_dir)
         return Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)

@@ -29,6 +29,7 @@ from numad.managers.cpu.state import ContainerKind
 from numad.managers.memory import MEMORY, hugepage_resource
 from numad.policy import Policy
 from numad.quantity import EXACT, exact_number, is_whole, page_size
+from numad.units import check_unit, workload_name
 
 MAX_CPUS = 4096
 MAX_BYTES = (1 << 63) - 1
@@ -48,7 +49,7 @@ _CPU_TEXT = re.compile(r"(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)(?P<milli>m?)"
 _CPUS_HINT = 'use an integer for exclusive CPUs, or "500m" or 0.5 for the shared pool'
 _BYTES_HINT = "use bytes or a suffix like 32Gi"
 HUGEPAGES = "hugepages-"
-_TOP_FIELDS = ("name", "cgroup", "policy", "containers", "cpus", "memory", "devices")
+_TOP_FIELDS = ("name", "cgroup", "unit", "policy", "containers", "cpus", "memory", "devices")
 _CONTAINER_FIELDS = ("name", "cgroup", "kind", "cpus", "memory", "devices")
 _RESOURCE_FIELDS = frozenset({"cpus", "memory", "devices"})
 _POLICIES = frozenset(p.value for p in Policy)
@@ -76,6 +77,7 @@ class WorkloadSpec:
     cgroup: str  # relative to the cgroup root, inside a managed root
     policy: Policy | None
     containers: tuple[ContainerSpec, ...]
+    unit: str | None = None  # a systemd unit: cgroup is its cgroup ("" until resolved)
 
     def container_cgroup(self, container: ContainerSpec) -> str:
         """The container's cgroup, relative to the cgroup root."""
@@ -93,7 +95,11 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec in its own JSON shape: ``parse_spec`` reads it back to an equal spec."""
-        out: dict[str, Any] = {"name": self.name, "cgroup": self.cgroup}
+        out: dict[str, Any] = {"name": self.name}
+        if self.unit is not None:
+            out["unit"] = self.unit
+        if self.cgroup:
+            out["cgroup"] = self.cgroup
         if self.policy is not None:
             out["policy"] = self.policy.value
         only = self.containers[0] if len(self.containers) == 1 else None
@@ -256,14 +262,21 @@ class Reader:
     # -- numad's own shape ---------------------------------------------------------------
 
     def native(self, doc: Mapping[str, object]) -> WorkloadSpec:
-        name = self.name(self.required(doc, "name", ""), "name")
+        unit = check_unit(doc["unit"], self.subject) if "unit" in doc else None
+        if unit is not None and "name" not in doc:
+            name = workload_name(unit)
+        else:
+            name = self.name(self.required(doc, "name", ""), "name")
         r = replace(self, subject=name)
         r.known(doc, "", _TOP_FIELDS)
-        cgroup = r.workload_cgroup(r.required(doc, "cgroup", ""), "cgroup")
+        if unit is None or "cgroup" in doc:  # a unit's is systemd's: the daemon asks it
+            cgroup = r.workload_cgroup(r.required(doc, "cgroup", ""), "cgroup")
+        else:
+            cgroup = ""
         policy = r.policy(doc["policy"], "policy") if "policy" in doc else None
         if "containers" not in doc:
             main = r.resources(doc, "", DEFAULT_CONTAINER, "", ContainerKind.APP)
-            return WorkloadSpec(name, cgroup, policy, (main,))
+            return WorkloadSpec(name, cgroup, policy, (main,), unit)
         beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(HUGEPAGES)]
         if beside:
             raise r.fail(member("", beside[0]), "not allowed beside containers", "move it into one")
@@ -276,7 +289,7 @@ class Reader:
         wheres = [f"containers[{i}]" for i in range(len(items))]
         containers = tuple(r.container(item, w) for item, w in zip(items, wheres, strict=True))
         r.check_containers(containers, wheres)
-        return WorkloadSpec(name, cgroup, policy, containers)
+        return WorkloadSpec(name, cgroup, policy, containers, unit)
 
     def container(self, value: object, where: str) -> ContainerSpec:
         doc = self.table(value, where)

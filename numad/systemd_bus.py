@@ -233,6 +233,24 @@ class Systemd:
         """The unit's cgroup (``/system.slice/foo.service``); None when it has none."""
         return str(self._property(name, "ControlGroup", "s")) or None
 
+    def load(self, name: str) -> str:
+        """The unit's object path, loading its file if need be (LoadUnit); a unit with
+        no file and no runtime state raises."""
+        reply = self._call(name, new_method_call(_MANAGER, "LoadUnit", "s", (name,)))
+        path = str(self._body(name, "LoadUnit", reply, "o")[0])
+        where = DBusAddress(path, _SYSTEMD, f"{_SYSTEMD}.Unit")
+        body = self._body(
+            name, "LoadState", self._call(name, Properties(where).get("LoadState")), "v"
+        )
+        state = body[0][1] if body[0][0] == "s" else "?"
+        if state not in ("loaded", "masked"):
+            raise SystemdError(name, f"systemd cannot load it (LoadState={state})")
+        return path
+
+    def slice(self, name: str) -> str:
+        """The slice the unit runs in (``system.slice``)."""
+        return str(self._property(name, "Slice", "s"))
+
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()

@@ -107,6 +107,9 @@ class Views:
                     "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
                 }
             shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
+            if spec.unit is not None:
+                shown["unit"] = spec.unit
+                shown["via"] = self.isolation.via(spec.cgroup)
             if name in self.unplaced:
                 shown["unplaced"] = self.unplaced[name]
             shown["memory"] = self.memory_of(name)

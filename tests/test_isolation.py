@@ -15,6 +15,7 @@ from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
+from numad.systemd_bus import SystemdError
 from numad.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
 
@@ -184,6 +185,7 @@ class FakeSystemd:
     def __init__(self, tree: Path, units: dict[str, str]) -> None:
         self.units = units  # name -> control group
         self.allowed_cpus: dict[str, CPUSet] = {n: CPUSet() for n in units}
+        self.allowed_mems: dict[str, NodeSet] = {n: NodeSet() for n in units}
         self.calls: list[tuple[str, str]] = []
         self.tree = tree
         self.broken = False
@@ -191,24 +193,45 @@ class FakeSystemd:
     def unit(self, name: str) -> str | None:
         return f"/org/freedesktop/systemd1/unit/{name}" if name in self.units else None
 
+    def load(self, name: str) -> str:
+        if name not in self.units:
+            raise SystemdError(name, "systemd cannot load it (LoadState=not-found)")
+        return f"/org/freedesktop/systemd1/unit/{name}"
+
+    def running(self, name: str) -> bool:
+        return (self.tree / self.units[name].lstrip("/")).is_dir()
+
     def control_group(self, name: str) -> str | None:
-        return self.units.get(name)
+        """As systemd: a unit has a control group only while it runs."""
+        return self.units[name] if name in self.units and self.running(name) else None
+
+    def slice(self, name: str) -> str:
+        return self.units[name].strip("/").split("/")[-2]
 
     def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
-        return self.allowed_cpus[name], NodeSet()
+        return self.allowed_cpus[name], self.allowed_mems[name]
 
     def set_allowed(
         self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
     ) -> None:
         assert runtime
         assert cpus is not None
-        assert mems is None
         self.calls.append((name, cpus.format_list()))
         self.allowed_cpus[name] = cpus
-        if not self.broken:
-            path = self.units[name].lstrip("/")
-            with contextlib.suppress(CgroupError):  # ENOSPC: systemd logs it and goes on
-                CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, None)
+        if mems is not None:
+            self.allowed_mems[name] = mems
+        if not self.broken and self.running(name):
+            self.apply(name, cpus, mems)
+
+    def start(self, name: str) -> None:
+        """A unit's start: its cgroup made, and what is set applied to it at once."""
+        scratch_mkdir(self.tree, self.units[name].lstrip("/"))
+        self.apply(name, self.allowed_cpus[name], self.allowed_mems[name] or None)
+
+    def apply(self, name: str, cpus: CPUSet, mems: NodeSet | None) -> None:
+        path = self.units[name].lstrip("/")
+        with contextlib.suppress(CgroupError):  # ENOSPC: systemd logs it and goes on
+            CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, mems)
 
 
 def test_units_systemd_owns_are_isolated_through_systemd(
