@@ -17,7 +17,7 @@ from tests.vm import harness
 from tests.vm.topologies import MACHINES
 
 CHECKS = "tests/vm/guest/systemd_checks.py"
-MIN_CHECKS = 10
+MIN_CHECKS = 11
 TARGET = "numad-vm.target"
 OWN_UNITS = (TARGET, "numad-vm-checks.service")  # in tests/vm/systemd
 CONFIG = "/run/numad-vm/numad.toml"  # written by the checks before they start numad

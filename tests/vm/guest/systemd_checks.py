@@ -56,7 +56,7 @@ policy = "static"
 
 [paths]
 cgroup-root = "{CGROUP_ROOT}"
-managed-roots = ["numad.slice"]
+managed-roots = ["numad.slice", "db.slice"]
 state-dir = "{STATE}"
 socket = "{SOCKET}"
 workloads-dir = "{WORKLOADS}"
@@ -460,6 +460,58 @@ def test_a_workload_unit_keeps_its_cpuset_across_a_restart() -> None:
     wait_for(lambda: allowed(main_pid(unit))[0] == cpus, "the restarted unit on its CPU")
     assert WORKLOAD in workloads()
     assert cpuset(WORKLOAD_CGROUP, "cpus") == PLACED["cpus"]
+
+
+# A unit with a file of its own in db.slice (a managed root), admitted by its name.
+DB_UNIT = "numad-db.service"
+DB_CGROUP = f"db.slice/{DB_UNIT}"
+
+
+def unit_allowed(unit: str) -> tuple[CPUSet, NodeSet]:
+    """The unit's AllowedCPUs= and AllowedMemoryNodes= as ``systemctl show`` has them."""
+    found = show(unit, "AllowedCPUs", "AllowedMemoryNodes")
+    mems = NodeSet.parse_list(",".join(found["AllowedMemoryNodes"].split()))
+    return systemd_cpus(found["AllowedCPUs"]), mems
+
+
+def test_a_unit_admitted_by_name_is_followed_across_restart_stop_and_start() -> None:
+    Path(f"/run/systemd/system/{DB_UNIT}").write_text(
+        "[Unit]\nDescription=a database stand-in numad places by name\n"
+        "[Service]\nType=exec\nSlice=db.slice\nExecStart=/bin/sleep infinity\n"
+    )
+    systemctl("daemon-reload")
+    systemctl("start", DB_UNIT)
+    numad_cli("admit", "--unit", DB_UNIT, "--cpus", "1", "--memory", "16Mi")
+    found = {w.get("unit"): w for w in workloads().values()}[DB_UNIT]
+    assert found["cgroup"] == DB_CGROUP, found
+    main = found["containers"]["main"]
+    placed = CPUSet.parse_list(main["cpus"]), NodeSet.parse_list(main["mems"])
+    assert main["exclusive"] and len(placed[0]) == 1, main
+    wait_for(lambda: unit_allowed(DB_UNIT) == placed, "systemctl show to give numad's placement")
+    assert allowed(main_pid(DB_UNIT)) == placed
+    assert (cpuset(DB_CGROUP, "cpus"), cpuset(DB_CGROUP, "mems")) == (main["cpus"], main["mems"])
+
+    before = main_pid(DB_UNIT)
+    systemctl("restart", DB_UNIT)
+    assert main_pid(DB_UNIT) != before
+    assert allowed(main_pid(DB_UNIT)) == placed  # at once: systemd applied it at start
+
+    systemctl("stop", DB_UNIT)
+    assert not (CGROUP_ROOT / DB_CGROUP).exists()
+    time.sleep(5 + 2 * 2 + 1)  # past release-grace-seconds and two reconcile passes
+    assert found["name"] in workloads(), "a stopped unit is still the workload"
+    assert unit_allowed(DB_UNIT) == placed
+
+    systemctl("start", DB_UNIT)
+    assert allowed(main_pid(DB_UNIT)) == placed
+    figure(check="unit by name", placed=str(placed[0]), mems=str(placed[1]))
+
+    numad_cli("release", "--unit", DB_UNIT)
+    assert found["name"] not in workloads()
+    shared = host_sets()[1]
+    wait_for(lambda: unit_allowed(DB_UNIT)[0] == shared, "the released unit on the shared pool")
+    systemctl("stop", DB_UNIT)
+    wait_for(lambda: unit_allowed(DB_UNIT) == (CPUSet(), NodeSet()), "its settings reset")
 
 
 def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
