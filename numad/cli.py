@@ -29,7 +29,7 @@ from numad.hostfs import HostFS
 from numad.log import configure as configure_logging
 from numad.topology.discover import discover
 from numad.topology.model import Topology
-from numad.topology.record import load_fixture, record_fixture
+from numad.topology.record import cached_fixture, load_fixture, record_fixture
 from numad.topology.render import to_json, to_text
 
 # The machine `topology --auto` shows where the host has no NUMA to show.
@@ -194,12 +194,32 @@ def _host_or_default(root: str) -> Topology:
 
 
 def _recorded_machine(name: str) -> Topology:
-    """Discover a bundled machine by name, or a recorded archive by path."""
-    with (
-        _archive(name) as archive,
-        tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch,
-    ):
-        return discover(HostFS(load_fixture(archive, Path(scratch))))
+    """Discover a bundled machine by name, or a recorded archive by path.
+
+    A bundled machine is unpacked once into the user's cache (thousands of
+    files: seconds each time otherwise); an archive given by path, once per call.
+    """
+    with _archive(name) as archive:
+        cache = _cache_dir()
+        if cache is not None and not Path(name).is_file():
+            # An unusable cache costs time, not the answer: then unpack as below,
+            # which names the archive if the fault is the archive's.
+            with contextlib.suppress(FixtureError):
+                return discover(HostFS(cached_fixture(archive, cache)))
+        with tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch:
+            return discover(HostFS(load_fixture(archive, Path(scratch))))
+
+
+def _cache_dir() -> Path | None:
+    """Where bundled machines stay unpacked: $XDG_CACHE_HOME/numad/machines, else
+    ~/.cache/numad/machines; None without a home to put it in."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    if not os.path.isabs(base):  # the XDG spec: a relative value is to be ignored
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base, "numad", "machines")
 
 
 @contextlib.contextmanager

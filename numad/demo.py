@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,7 +60,15 @@ def add_demo(sub: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """The demo in a scratch directory, which is removed whatever happens."""
     scratch = Path(tempfile.mkdtemp(prefix="numad-demo-"))
+    try:
+        return _demo(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _demo(scratch: Path) -> int:
     with resources.as_file(
         resources.files("numad").joinpath("data", f"{MACHINE}.tar.bz2")
     ) as archive:
@@ -99,9 +108,9 @@ def run_demo(args: argparse.Namespace) -> int:
         for sample in [*SAMPLES, TOO_BIG]:
             effective = (cgroups / sample["cgroup"] / "cpuset.cpus.effective").read_text().strip()
             print(f"  {sample['cgroup']:<24} {effective}")
-        print(f"\ndaemon log: {scratch / 'numad.log'}")
     except (NumadError, OSError) as err:
         print(f"numad demo: {err}", file=sys.stderr)
+        _print_log_tail(scratch / "numad.log")  # the scratch directory goes with the log
         return 1
     finally:
         server.send_signal(signal.SIGTERM)
@@ -109,7 +118,14 @@ def run_demo(args: argparse.Namespace) -> int:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+            server.wait()
     return 0
+
+
+def _print_log_tail(log: Path, lines: int = 20) -> None:
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    if tail:
+        print("numad demo: the daemon's last log lines:", *tail, sep="\n  ", file=sys.stderr)
 
 
 def _wait(socket: str) -> None:

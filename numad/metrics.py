@@ -22,6 +22,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
@@ -33,6 +34,12 @@ ADMISSION_BUCKETS = tuple(0.00005 * 2**i for i in range(16))
 # A scraper or two: 4 workers, 8 connections queued for them.
 METRICS_LIMITS = Limits(workers=4, queue=8)
 LOOPS = ("reconcile", "hotplug", "watchdog")
+
+# prometheus-client adds a `_created` gauge (the creation time) to every counter and
+# histogram: a quarter of numad's series, each holding about the daemon's start time.
+# In the text format Prometheus stores them as plain series nobody queries, and
+# rate() and increase() handle a restart's reset without them; the kubelet has none.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
 
 
 class Metrics:
@@ -87,7 +94,9 @@ class Metrics:
             registry=r,
         )
         self.exclusive = Gauge(
-            "numad_cpu_manager_exclusive_cpu_allocation_count",
+            # The kubelet's cpu_manager_exclusive_cpu_allocation_count: a gauge may not
+            # end in _count (promtool check metrics), which names a histogram's series.
+            "numad_cpu_manager_exclusive_cpus",
             "CPUs exclusively assigned.",
             registry=r,
         )

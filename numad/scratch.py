@@ -187,6 +187,35 @@ class KernelV2:
         if "cpuset" in enabled:
             self._add_cpuset(d)
 
+    def adopt(self, root: Path, d: Path) -> None:
+        """Complete each plain directory from ``root`` down to ``d`` as a cgroup.
+
+        In cgroupfs every directory is a cgroup: ``mkdir`` alone gives it its
+        interface files. In a scratch tree a plain ``mkdir`` (a user, a test, a
+        service manager stand-in) makes a bare directory, which would never get a
+        cpuset; the emulated kernel gives it now what the kernel's mkdir would have,
+        keeping any file already there. Levels that do not exist are left alone.
+        """
+        if root not in d.parents:
+            return
+        for level in reversed([d, *d.parents[: d.parents.index(root)]]):
+            if not level.is_dir() or level.is_symlink():
+                return
+            if not (level / "cgroup.procs").exists():
+                self._complete(level)
+
+    def _complete(self, d: Path) -> None:
+        enabled = _kernel_read(d.parent / "cgroup.subtree_control").split()
+        files = {
+            "cgroup.controllers": " ".join(enabled),
+            "cgroup.subtree_control": "",
+            "cgroup.procs": "",
+            "cgroup.type": "domain",
+        }
+        _kernel_files(d, {name: text for name, text in files.items() if not (d / name).exists()})
+        if "cpuset" in enabled and not (d / "cpuset.cpus").exists():
+            self._add_cpuset(d)
+
     def write(self, file: Path, value: str, write_file: Callable[[Path, str], None]) -> None:
         """numad's write of ``value`` to ``file``, stored with the backend's own
         ``write_file`` (so that its failures are the backend's), and what the kernel

@@ -179,3 +179,34 @@ def test_python_dash_m_numad_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["cpus"]) == 32
+
+
+# -- the bundled machine's cache ---------------------------------------------------
+
+
+def test_the_bundled_machine_is_unpacked_once_into_the_cache(
+    capsys: Capture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
+    machines = tmp_path / "cache" / "numad" / "machines"
+    (entry,) = machines.iterdir()
+    (root,) = entry.iterdir()
+    assert root.name == DEFAULT_MACHINE
+    online = root / "sys/devices/system/cpu/online"
+    online.write_text("0-15\n")  # read again only if the cache is used, not re-unpacked
+    code, out, _ = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
+    assert first[0] == code == 0
+    assert "CPUs 16/32 online" in out
+    assert [p.name for p in machines.iterdir()] == [entry.name]
+
+
+def test_an_unusable_cache_costs_time_not_the_answer(
+    capsys: Capture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache's folder would go\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    code, out, err = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
+    assert (code, err) == (0, "")
+    assert out.startswith("Machine: 2 packages, 2 NUMA nodes, 16 cores, CPUs 32/32 online\n")

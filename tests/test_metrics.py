@@ -44,7 +44,7 @@ def test_live_endpoint_after_admissions_and_a_rejection(numad: Numad) -> None:
     pod = (("boundary", "numa_node"), ("scope", "pod"))
     assert got[("numad_container_aligned_compute_resources_total", pod)] == 0  # pre-created
     assert got[("numad_cpu_manager_pinning_requests_total", ())] == 2
-    assert got[("numad_cpu_manager_exclusive_cpu_allocation_count", ())] == 4
+    assert got[("numad_cpu_manager_exclusive_cpus", ())] == 4
     assert got[("numad_cpu_manager_shared_pool_size_millicores", ())] == (32 - 2 - 4) * 1000
     allocated = {
         dict(labels)["numa_node"]: v
@@ -55,7 +55,7 @@ def test_live_endpoint_after_admissions_and_a_rejection(numad: Numad) -> None:
     assert got[("numad_topology_manager_admission_duration_seconds_count", ())] == 3
     assert got[("numad_build_info", (("version", "0.1.0"),))] == 1
     numad.call("DELETE", "/v1/workloads/db")
-    assert _scrape(numad)[("numad_cpu_manager_exclusive_cpu_allocation_count", ())] == 0
+    assert _scrape(numad)[("numad_cpu_manager_exclusive_cpus", ())] == 0
 
 
 def test_buckets_resolve_sub_millisecond_admissions() -> None:

@@ -85,3 +85,32 @@ def test_scratch_mkdir_writes_no_file_through_a_link(tmp_path: Path) -> None:
 def test_scratch_mkdir_refuses_a_tree_without_the_marker(tmp_path: Path) -> None:
     with pytest.raises(CgroupError, match="not a scratch cgroup tree"):
         scratch_mkdir(tmp_path, "numad.slice/db")
+
+
+def test_a_plain_mkdir_is_a_cgroup_in_a_scratch_tree(tmp_path: Path) -> None:
+    """In cgroupfs mkdir alone makes a cgroup; a scratch tree's plain directories
+    (``mkdir -p numad.slice/web``, no interface files) get their cpuset all the same."""
+    root = tmp_path / "cgroup"
+    make_scratch_v2(root, ALL_CPUS, ALL_MEMS)
+    (root / "numad.slice/web").mkdir(parents=True)
+    backend = CgroupV2Backend(root, ["numad.slice"], emulate_kernel=True)
+    backend.ensure("numad.slice/web")
+    backend.write("numad.slice/web", CPUSet([2, 3]), NodeSet([1]))
+    web = root / "numad.slice/web"
+    assert (web / "cpuset.cpus.effective").read_text() == "2-3\n"
+    assert (web / "cpuset.mems.effective").read_text() == "1\n"
+    assert (root / "numad.slice/cgroup.subtree_control").read_text().split() == ["cpuset"]
+    assert backend.read("numad.slice/web") == (CPUSet([2, 3]), NodeSet([1]))
+    assert backend.processes("numad.slice/web") == []
+
+
+def test_adopting_keeps_what_a_plain_directory_already_holds(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    make_scratch_v2(root, ALL_CPUS, ALL_MEMS)
+    web = root / "numad.slice/web"
+    web.mkdir(parents=True)
+    (web / "cgroup.type").write_text("threaded\n")
+    backend = CgroupV2Backend(root, ["numad.slice"], emulate_kernel=True)
+    assert backend.exists("numad.slice/web")
+    assert (web / "cgroup.type").read_text() == "threaded\n"
+    assert (web / "cgroup.procs").read_text() == "\n"

@@ -112,6 +112,13 @@ class CgroupV2Backend(Hierarchy):
 
             self._kernel = KernelV2()
 
+    def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:
+        found = super()._locate(path)
+        if self._kernel is not None:  # a plain mkdir in a scratch tree is a cgroup too
+            with self._failures(found[0], "completing it as a cgroup", found[2]):
+                self._kernel.adopt(self._real_root, found[2])
+        return found
+
     def ensure(self, path: CgroupPath | str) -> None:
         """Make ``path`` exist with cpuset enabled in every ancestor's subtree_control."""
         cg, managed, _ = self._locate(path)

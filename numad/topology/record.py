@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import io
 import os
 import posixpath
+import shutil
 import tarfile
 import tempfile
 import zlib
@@ -25,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from numad.errors import FixtureError
 from numad.hostfs import HostFS, Recording
 
+_WRITTEN_SUFFIXES = (".tar.gz", ".tgz")  # what record_fixture writes
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".tar")
 _MAX_MEMBERS = 200_000  # the largest hwloc recording has ~16 000
 _MAX_BYTES = 256 << 20  # a whole sysfs recording is a few MiB
@@ -53,6 +56,14 @@ def record_fixture(fs: HostFS, out: Path) -> int:
     rec = fs.recording
     if rec is None:
         raise FixtureError(repr(fs), "was not created with record=True; nothing was recorded")
+    if not out.name.endswith(_WRITTEN_SUFFIXES):
+        # What is written is a gzip-compressed tar, whatever the name says: a
+        # host.zip would be a tar.gz that unzip refuses.
+        raise FixtureError(
+            str(out),
+            "the archive is a gzip-compressed tar, and this name says otherwise",
+            f"name it {out.name.split('.')[0] or 'host'}.tar.gz (or .tgz)",
+        )
     top = _top_name(out)
     entries = _recorded_entries(rec)
     entries |= _listing_entries(HostFS(fs.root), rec.dirs, entries)
@@ -216,6 +227,41 @@ def load_fixture(archive: Path, dest: Path) -> Path:
     except OSError as err:  # a missing archive, a corrupt bz2/gzip stream, a full disk
         raise FixtureError(str(archive), f"cannot extract: {err.strerror or err}") from err
     return root
+
+
+def cached_fixture(archive: Path, cache: Path) -> Path:
+    """The root of ``archive`` unpacked under ``cache``, unpacking it only the first time.
+
+    Keyed by the archive's SHA-256, so a changed archive gets a new entry. Safe
+    against concurrent callers: each unpacks into its own temporary directory
+    beside the entry and renames it into place; a loser of the race drops its
+    copy and takes the winner's. An entry exists only once whole. The tree is
+    for reading (discovery): a daemon writes into its root, so ``serve --root``
+    needs its own copy.
+    """
+    try:
+        key = hashlib.sha256(archive.read_bytes()).hexdigest()[:32]
+    except OSError as err:
+        raise FixtureError(str(archive), f"cannot read: {err.strerror or err}") from err
+    entry = cache / key
+    if not entry.is_dir():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache))
+        except OSError as err:
+            raise FixtureError(str(cache), f"cannot create: {err.strerror or err}") from err
+        try:
+            load_fixture(archive, scratch)
+            os.rename(scratch, entry)
+        except OSError as err:
+            if not entry.is_dir():  # not a lost race: a real failure
+                raise FixtureError(str(entry), f"cannot store: {err.strerror or err}") from err
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)  # gone already when renamed
+    tops = [p for p in entry.iterdir() if p.is_dir() and not p.is_symlink()]
+    if len(tops) != 1:
+        raise FixtureError(str(entry), f"holds {len(tops)} machines, not 1", "remove it")
+    return tops[0]
 
 
 def _check_members(archive: Path, members: list[tarfile.TarInfo]) -> str:
