@@ -27,6 +27,9 @@ from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.log import configure as configure_logging
+from numad.picture import svg
+from numad.picture.remote import from_daemon as picture_of_daemon
+from numad.picture.remote import write as write_picture
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 from numad.topology.record import cached_fixture, load_fixture, record_fixture
@@ -97,6 +100,14 @@ def _add_topology(sub: _Subparsers) -> None:
     )
     topo.add_argument("--json", action="store_true", help="print JSON instead of the tree")
     topo.add_argument(
+        "--svg",
+        metavar="FILE",
+        type=Path,
+        help="write a picture (SVG) of the machine to FILE, every CPU coloured by who holds"
+        " it: the running daemon's holders, or, with --root/--fixture/--auto or no daemon,"
+        " the machine alone (online CPUs in the shared pool, offline CPUs marked)",
+    )
+    topo.add_argument(
         "--nrt",
         action="store_true",
         help="print this host as a NodeResourceTopology object (topology.node.k8s.io/v1alpha2,"
@@ -144,6 +155,8 @@ def _topology(args: argparse.Namespace) -> int:
         configure_logging(quiet=True)  # an offline start logs; the object is the answer
         print(json.dumps(_nrt(args), indent=2))
         return 0
+    if args.svg is not None:
+        return _svg(args)
     if args.fixture is not None:
         topo = _recorded_machine(args.fixture)
     elif args.auto:
@@ -154,6 +167,23 @@ def _topology(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(topo), indent=2, sort_keys=False))
     else:
         print(to_text(topo), end="")
+    return 0
+
+
+def _svg(args: argparse.Namespace) -> int:
+    """The picture: the running daemon's, else the machine alone (as with --nrt)."""
+    socket = args.socket or defaults.SOCKET
+    offline = args.fixture is not None or args.root is not None or args.auto
+    if not offline and os.path.exists(socket):
+        text = picture_of_daemon(socket)
+    elif args.fixture is not None:
+        text = svg(_recorded_machine(args.fixture), title=Path(args.fixture).name.split(".tar")[0])
+    elif args.auto:
+        text = svg(_host_or_default(_root(args.root)))
+    else:
+        text = svg(discover(HostFS(_root(args.root))))
+    write_picture(args.svg, text)
+    print(f"{args.svg}: {len(text)} bytes")
     return 0
 
 

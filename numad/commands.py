@@ -21,6 +21,8 @@ from typing import Any
 from numad import defaults
 from numad.api.client import request
 from numad.errors import ConfigError
+from numad.picture.remote import from_daemon as picture_of_daemon
+from numad.picture.remote import write as write_picture
 
 _FORMATS = {
     ".json": "application/json",
@@ -59,6 +61,13 @@ def add_commands(sub: Any) -> None:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("name")
         p.add_argument("--socket", help="API socket path")
+        if name == "show":
+            p.add_argument(
+                "--svg",
+                metavar="FILE",
+                type=Path,
+                help="also write a picture (SVG) of the machine and who holds each CPU to FILE",
+            )
         p.set_defaults(command=_by_name, verb=name)
     lst = sub.add_parser("list", help="list admitted workloads")
     lst.add_argument("--socket", help="API socket path")
@@ -135,6 +144,8 @@ def _by_name(args: argparse.Namespace) -> int:
         _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}/explain"))
     else:
         _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}"))
+    if getattr(args, "svg", None) is not None:  # after the show: an unknown name fails first
+        write_picture(args.svg, picture_of_daemon(_socket(args), f"numad: {args.name}"))
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import socketserver
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from threading import Thread
 from typing import Any
 
@@ -40,6 +40,8 @@ LOOPS = ("reconcile", "hotplug", "watchdog")
 # In the text format Prometheus stores them as plain series nobody queries, and
 # rate() and increase() handle a restart's reset without them; the kubelet has none.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
+# Other pages on the listener: path -> (status, body, content type), or None if unknown.
+Page = Callable[[str], tuple[int, bytes, str] | None]
 
 
 class Metrics:
@@ -192,11 +194,16 @@ class Metrics:
             self.connections_refused.labels(listener)
 
     def serve(
-        self, address: str, port: int, limits: Limits = METRICS_LIMITS
+        self,
+        address: str,
+        port: int,
+        limits: Limits = METRICS_LIMITS,
+        page: Page | None = None,
     ) -> tuple[MetricsServer, Thread]:
         """The metrics endpoint on a TCP listener (loopback unless configured otherwise),
-        served by a thread until ``shutdown()``."""
-        server = MetricsServer((address, port), self, limits)
+        served by a thread until ``shutdown()``; ``page`` answers the other paths it
+        knows (the live page, numad.livepage)."""
+        server = MetricsServer((address, port), self, limits, page)
         thread = Thread(target=server.serve_forever, name="MetricsServer-accept", daemon=True)
         thread.start()
         return server, thread
@@ -214,7 +221,12 @@ class _MetricsHandler(BoundedHandler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         if self.headers.get("Content-Length") or self.headers.get("Transfer-Encoding"):
             self.close_connection = True  # a body is not read: it must not pass for a request
-        if self.path.split("?")[0] not in ("/", "/metrics"):
+        path = self.path.split("?")[0]
+        page = self.server.page(path) if self.server.page is not None else None
+        if page is not None:
+            self._answer(*page)
+            return
+        if path != "/metrics":
             self._answer(404, b"metrics: no such path; scrape /metrics\n", "text/plain")
             return
         try:
@@ -241,8 +253,11 @@ class MetricsServer(BoundedServer, socketserver.TCPServer):
     allow_reuse_address = True
     request_queue_size = 128  # the kernel's accept queue: socketserver's 5 makes connects wait
 
-    def __init__(self, address: tuple[str, int], metrics: Metrics, limits: Limits) -> None:
+    def __init__(
+        self, address: tuple[str, int], metrics: Metrics, limits: Limits, page: Page | None = None
+    ) -> None:
         self.metrics = metrics
+        self.page = page
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _MetricsHandler)

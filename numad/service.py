@@ -28,6 +28,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.hostfs import HostFS
 from numad.instance import acquire
+from numad.livepage import LivePage
 from numad.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
 from numad.scratch import make_scratch_v2
 from numad.systemd_bus import Systemd
@@ -72,7 +73,9 @@ def serve(args: argparse.Namespace) -> int:
     lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
     daemon.start()  # ends with the first reconcile pass
     supervisor = daemon.supervisor
-    metrics_server, _ = daemon.metrics.serve(config.metrics_listen, config.metrics_port)
+    metrics_server, _ = daemon.metrics.serve(
+        config.metrics_listen, config.metrics_port, page=LivePage(daemon).answer
+    )
     daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
     daemon.log.info("metrics_listening", address=daemon.metrics_address)
     server = Server(args.socket or daemon.config.paths.socket, daemon)

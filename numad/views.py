@@ -84,6 +84,7 @@ class Views:
                 "isolate": self.config.isolate,
                 "exclusive": str(exclusive),
                 "shared": str(CPUSet.from_bits(self.books.cpu.shared_pool)),
+                "reserved": str(CPUSet.from_bits(self.books.cpu.reserved)),
                 "isolated": isolated,
                 "unmovable": unmovable(self.isolation.root, exclusive),
                 "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},

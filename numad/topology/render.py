@@ -236,7 +236,7 @@ def _pci_section(topo: Topology) -> list[str]:
     lines = ["PCI devices:"]
     known = topo.node_ids
     keys = sorted({d.numa_node for d in topo.pci_devices}, key=lambda n: (n is None, n or 0))
-    width = max(len(_pci_kind(d.pci_class)) for d in topo.pci_devices)
+    width = max(len(pci_kind(d.pci_class)) for d in topo.pci_devices)
     for node in keys:
         if node is None:
             lines.append("  no NUMA node:")
@@ -250,7 +250,7 @@ def _pci_section(topo: Topology) -> list[str]:
 def _pci_line(dev: PciDevice, width: int) -> str:
     ids = f"{_bare_hex(dev.vendor)}:{_bare_hex(dev.device)}"
     driver = f"  driver {dev.driver}" if dev.driver else ""
-    return f"{dev.address}  {_pci_kind(dev.pci_class):<{width}}  {ids}{driver}"
+    return f"{dev.address}  {pci_kind(dev.pci_class):<{width}}  {ids}{driver}"
 
 
 # Base class names from the PCI Code and ID Assignment Specification.
@@ -280,7 +280,7 @@ _PCI_BASE_CLASSES = {
 }
 
 
-def _pci_kind(pci_class: str | None) -> str:
+def pci_kind(pci_class: str | None) -> str:
     if pci_class is None:
         return "class unknown"
     try:
