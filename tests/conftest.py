@@ -18,6 +18,12 @@ from numad.errors import CgroupError
 from numad.scratch import scratch_mkdir
 from numad.service import build
 from numad.topology.record import load_fixture
+from tests.vm import progress
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    progress.install(config)  # a line per VM as it finishes (tests/vm/progress.py)
+
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 CATALOGUE: list[dict[str, Any]] = json.loads((FIXTURES / "catalogue.json").read_text())

@@ -9,6 +9,9 @@ import platform
 import pytest
 
 from tests.vm import harness
+from tests.vm.progress import _tag_vm_tests
+
+__all__ = ["_tag_vm_tests"]  # an autouse fixture: a line per VM as it finishes
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.vm import harness
+from tests.vm import harness, progress
 from tests.vm.topologies import MACHINES
 
 CHECKS = "tests/vm/guest/systemd_checks.py"
@@ -71,7 +72,13 @@ def units() -> dict[str, str]:
 
 @pytest.mark.vm
 @pytest.mark.parametrize(("machine", "line"), CASES)
-def test_numad_as_a_systemd_unit(vm_ready: None, machine: str, line: str, tmp_path: Path) -> None:
+def test_numad_as_a_systemd_unit(
+    vm_ready: None,
+    machine: str,
+    line: str,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
+) -> None:
     # 384 MiB a node: systemd, numad and a 64 MiB service that moves between nodes.
     base = MACHINES[machine]
     nodes = tuple(replace(n, memory_mib=max(n.memory_mib, 384)) for n in base.nodes)
@@ -89,6 +96,7 @@ def test_numad_as_a_systemd_unit(vm_ready: None, machine: str, line: str, tmp_pa
         append=[f"systemd.unit={TARGET}"],
         timeout=TIMEOUT,
     )
+    record_property(progress.VM_SECONDS, result.seconds)  # for the line printed as it ends
     print(f"{machine} on {line} under systemd: {result.seconds:.1f} s in the VM")
     report = result.out / "junit.xml"
     journal_file = result.out / "journal.log"  # written after the checks, before poweroff

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.vm import harness
+from tests.vm import harness, progress
 from tests.vm.topologies import MACHINES
 
 CHECKS = "tests/vm/guest/checks.py"
@@ -23,7 +24,13 @@ CASES = [
 @pytest.mark.vm
 @pytest.mark.parametrize(("machine", "line", "cgroup"), CASES)
 def test_numad_on_a_real_kernel(
-    vm_ready: None, machine: str, line: str, cgroup: str, tmp_path: Path
+    vm_ready: None,
+    machine: str,
+    line: str,
+    cgroup: str,
+    tmp_path: Path,
+    *,
+    record_property: Callable[[str, object], None],
 ) -> None:
     topology = MACHINES[machine]
     expected = {**topology.expected(), "cgroup": cgroup}
@@ -38,6 +45,7 @@ def test_numad_on_a_real_kernel(
         cgroup=cgroup,
         files={"expected.json": json.dumps(expected)},
     )
+    record_property(progress.VM_SECONDS, result.seconds)  # for the line printed as it ends
     print(f"{machine} on {line} ({cgroup}): {result.seconds:.1f} s in the VM")
     report = result.out / "junit.xml"
     assert report.is_file(), f"the guest's pytest wrote no report:\n{result.stderr[-3000:]}"
