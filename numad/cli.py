@@ -27,6 +27,7 @@ from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.log import configure as configure_logging
+from numad.oci_hook import add_oci_hook
 from numad.picture import svg
 from numad.picture.remote import from_daemon as picture_of_daemon
 from numad.picture.remote import write as write_picture
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_record(sub)
     add_commands(sub)
     add_demo(sub)
+    add_oci_hook(sub)
     return parser
 
 

@@ -48,8 +48,9 @@ import zstandard
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parent.parent
-PACKAGES = ("qemu-system-x86", "busybox-static")
+PACKAGES = ("qemu-system-x86", "busybox-static", "runc")
 QEMU = "qemu-system-x86_64"
+RUNC = "runc"  # the OCI runtime the guest runs a container with (tests/vm/guest/oci.py)
 BUSYBOX = Path("/bin/busybox")
 # The Debian meta-packages that name each kernel line's current image package.
 KERNELS = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}
@@ -79,6 +80,8 @@ def missing_tools() -> list[str]:
         missing.append("qemu-system-x86")
     if not BUSYBOX.is_file() or _dynamic(BUSYBOX):
         missing.append("busybox-static")
+    if shutil.which(RUNC, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin") is None:
+        missing.append("runc")
     return missing
 
 

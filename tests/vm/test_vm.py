@@ -19,6 +19,13 @@ CASES = [
     *(pytest.param(m, k, "v2", id=f"{m}-{k}") for m in MACHINES for k in harness.KERNELS),
     pytest.param("2node", "6.1", "v1", id="2node-6.1-cgroup-v1"),
 ]
+# The one boot that also runs a container with runc through numad's OCI hook
+# (guest/oci.py): a boot of its own would cost minutes of CI for seconds of checks.
+OCI_CASE = ("2node", "6.12", "v2")
+OCI_CHECKS = (
+    "test_a_runc_container_runs_on_the_cpuset_numad_decided",
+    "test_a_runc_container_numad_rejects_fails_with_numads_reason",
+)
 
 
 @pytest.mark.vm
@@ -33,7 +40,8 @@ def test_numad_on_a_real_kernel(
     record_property: Callable[[str, object], None],
 ) -> None:
     topology = MACHINES[machine]
-    expected = {**topology.expected(), "cgroup": cgroup}
+    oci = (machine, line, cgroup) == OCI_CASE
+    expected = {**topology.expected(), "cgroup": cgroup, "oci": oci}
     command = [sys.executable, "-m", "pytest", CHECKS, "-p", "no:cacheprovider"]
     command += ["--noconftest", "-q", "-rfEs", "--junitxml=/vmctl/junit.xml"]
     result = harness.boot(
@@ -58,3 +66,11 @@ def test_numad_on_a_real_kernel(
         f"in-guest checks failed:\n{result.stdout[-6000:]}\nnumad serve's log:\n{serve_log}"
     )
     assert ran >= 8, f"only {ran} in-guest checks ran:\n{result.stdout[-3000:]}"
+    if oci:
+        passed = {
+            case.get("name")
+            for case in suite.iter("testcase")
+            if not any(case.find(tag) is not None for tag in ("skipped", "failure", "error"))
+        }
+        assert set(OCI_CHECKS) <= passed, f"the runc checks did not pass:\n{result.stdout[-3000:]}"
+        print(f"runc in the guest: {(result.out / 'oci.json').read_text()}")

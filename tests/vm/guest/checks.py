@@ -533,6 +533,75 @@ def test_release_gives_the_cpus_back_to_the_pool(numad: Daemon) -> None:
     check_invariants(numad)
 
 
+# -- a container through numad's OCI hook (one boot: test_vm.py's OCI_CASE) ------------------
+
+
+def _oci() -> Any:
+    if not EXPECT.get("oci"):
+        pytest.skip("a real OCI runtime runs in one boot only (test_vm.py OCI_CASE)")
+    from tests.vm.guest import oci  # noqa: PLC0415 - only in the boot that runs runc
+
+    return oci
+
+
+def _workloads(numad: Daemon) -> set[str]:
+    return {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}
+
+
+def test_a_runc_container_runs_on_the_cpuset_numad_decided(numad: Daemon) -> None:
+    oci = _oci()
+    annotations = {"numad.io/cpus": "2"}
+    assert oci.matches_when(annotations)  # the shipped hooks.d file would select it
+    made = oci.bundle(WORK / "oci", "vmtest", "numad.slice/ctr-vmtest", annotations)
+    started = time.monotonic()
+    proc = oci.start(made)
+    watchdog = threading.Timer(WAIT, proc.kill)
+    watchdog.start()
+    try:
+        allowed_line, effective_line = proc.stdout.readline(), proc.stdout.readline()
+        assert effective_line.startswith("effective:"), f"{allowed_line}{proc.communicate()}"
+        shown = numad.call("GET", "/v1/workloads/oci-vmtest")  # while it runs
+        status, err = oci.finish(made, proc, WAIT)
+    finally:
+        watchdog.cancel()
+    decided = CPUSet.parse_list(shown["containers"]["main"]["cpus"])
+    seen = CPUSet.parse_list(allowed_line.split(":", 1)[1].strip())
+    effective = CPUSet.parse_list(effective_line.removeprefix("effective:").strip())
+    (OUT / "oci.json").write_text(
+        json.dumps(
+            {
+                "runc": oci.version(),
+                "decided": decided.format_list(),
+                "cpus_allowed_list": seen.format_list(),
+                "cpuset_cpus_effective": effective.format_list(),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )
+    assert status == 0, err
+    assert shown["cgroup"] == "numad.slice/ctr-vmtest"  # found from the process's cgroup
+    assert len(decided) == 2
+    assert decided.isdisjoint(RESERVED)
+    assert seen == decided  # what the container's process may run on
+    assert effective == decided  # what its own cgroup (namespaced) holds
+    assert "oci-vmtest" not in _workloads(numad)  # the poststop hook released it
+    check_invariants(numad)
+
+
+def test_a_runc_container_numad_rejects_fails_with_numads_reason(numad: Daemon) -> None:
+    oci = _oci()
+    made = oci.bundle(WORK / "oci", "vmhuge", "numad.slice/ctr-vmhuge", {"numad.io/cpus": "64"})
+    done = oci.run(made, WAIT)
+    assert done.returncode != 0, done.stdout
+    assert "Cpus_allowed_list" not in done.stdout  # its process never ran
+    assert "numad: container vmhuge: not placed:" in done.stderr, done.stderr  # runc shows it
+    assert "rejected" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "oci-vmhuge" not in _workloads(numad)
+    assert not cgroup("ctr-vmhuge").exists()  # runc tore its cgroup down
+    check_invariants(numad)
+
+
 def test_daemon_reported_no_errors(numad: Daemon) -> None:
     text = numad.logs()
     assert "Traceback" not in text, text
