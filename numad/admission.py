@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
-from numad.explain import Explanation, explain
+from numad.explain import Asked, Explanation, NodeFree, explain
 from numad.hints import ProviderHints
 from numad.managers.cpu.state import ContainerKind, CPUState
 from numad.managers.cpu.static import StaticPolicy
@@ -80,16 +80,20 @@ class Outcome:
     reason: Reason | None = None
     detail: str = ""
     failed_container: str | None = None
+    asked: Asked | None = None  # the decisive merge's request
+    free: tuple[NodeFree, ...] = ()  # what each node had free, on a rejection
 
     @property
     def explanation(self) -> Explanation | None:
-        """The explanation of the decisive merge (the rejected one, else the last)."""
+        """The explanation of the decisive merge (the rejected one, else the last); an
+        allocation that failed after the merge admitted makes it a rejection."""
         if not self.decisions:
             return None
+        failure = self.detail if self.reason is Reason.ALLOCATION else ""
         for name, decision in self.decisions:
             if name == self.failed_container:
-                return explain(decision)
-        return explain(self.decisions[-1][1])
+                return explain(decision, self.asked, self.free, failure)
+        return explain(self.decisions[-1][1], self.asked, self.free, failure)
 
 
 def _providers(
@@ -149,7 +153,13 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
         if not pod_decision.admit:
             decisions = [(c.name, pod_decision) for c in ordered]
             return books, Outcome(
-                False, tuple(decisions), {}, Reason.TOPOLOGY, failed_container=ordered[0].name
+                False,
+                tuple(decisions),
+                {},
+                Reason.TOPOLOGY,
+                failed_container=ordered[0].name,
+                asked=_asked(pod, "the pod"),
+                free=_free(engine, books, pod),
             )
     start = books
     # The regular init containers allocated so far: they have run to completion when the
@@ -166,7 +176,13 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
         decisions.append((container.name, decision))
         if not decision.admit:
             return start, Outcome(
-                False, tuple(decisions), {}, Reason.TOPOLOGY, failed_container=container.name
+                False,
+                tuple(decisions),
+                {},
+                Reason.TOPOLOGY,
+                failed_container=container.name,
+                asked=_asked(container),
+                free=_free(engine, books, container),
             )
         try:
             books = _allocate(engine, books, key, container, decision.affinity, donors=donors)
@@ -178,10 +194,45 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 Reason.ALLOCATION,
                 err.problem,
                 failed_container=container.name,
+                asked=_asked(container),
+                free=_free(engine, books, container),
             )
         if container.kind is ContainerKind.INIT:
             donors.append(key)
-    return books, Outcome(True, tuple(decisions), placements(books, workload.name))
+    last = ordered[-1] if pod_decision is None else _pod_request(workload.name, ordered)
+    return books, Outcome(
+        True,
+        tuple(decisions),
+        placements(books, workload.name),
+        asked=_asked(last, "the pod" if pod_decision is not None else ""),
+    )
+
+
+def _asked(request: ContainerRequest, who: str = "") -> Asked:
+    return Asked(who or request.name, request.cpus, request.memory, request.devices)
+
+
+def _free(engine: Engine, books: Books, request: ContainerRequest) -> tuple[NodeFree, ...]:
+    """What each node has free of what ``request`` asks for (CPUs always)."""
+    topo = engine.cpu_policy.topo
+    available = books.cpu.available
+    memory = [r for r, b in sorted(request.memory.items()) if b] if engine.memory_manager else []
+    devices: dict[str, dict[int, int]] = {}
+    for name, count in sorted(request.devices.items()):
+        if count and name in books.devices.inventory.classes:
+            per_node = devices.setdefault(name, {})
+            for d in books.devices.free(name):
+                if d.node is not None:
+                    per_node[d.node] = per_node.get(d.node, 0) + 1
+    return tuple(
+        NodeFree(
+            node,
+            (available & topo.numa.get(node, 0)).bit_count(),
+            {r: books.memory.free(node, r) for r in memory},
+            {name: per_node.get(node, 0) for name, per_node in devices.items()},
+        )
+        for node in engine.machine.nodes
+    )
 
 
 def _pod_request(name: str, containers: Sequence[ContainerRequest]) -> ContainerRequest:

@@ -2,9 +2,20 @@
 
 Edge: parses arguments, runs one stage and prints its result. Host files are
 read only through a ``HostFS`` (``--root`` re-roots them); bundled recorded
-machines are package data found with importlib.resources. Every
-``NumadError`` becomes one line on stderr and exit status 1; usage errors
-exit 2, as argparse does.
+machines are package data found with importlib.resources.
+
+No input ends in a traceback: every error is one line on stderr,
+``numad: <subject>: <what happened>[; <what to do>]``. Exit status:
+
+    0  done (``plan``: the spec would be admitted)
+    1  an error: a file, the daemon's socket, the daemon's answer, the machine
+    2  a usage error: the command's usage, then one ``numad: COMMAND: ...`` line
+    3  rejected: ``plan`` or ``admit`` of a spec the machine cannot hold now
+    130  interrupted (Ctrl-C)
+
+``numad run`` exits with its command's status (128+N for a signal N). A
+reader that closes stdout early (``numad list | head -1``) ends numad quietly
+with status 1. Red Hat numad's ``-w`` keeps its own contract (numad.redhat).
 """
 
 from __future__ import annotations
@@ -18,10 +29,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from numad import __version__, defaults, redhat
-from numad.api.client import request
+from numad.api.client import APIError, request
 from numad.commands import add_commands
 from numad.demo import add_demo
 from numad.errors import FixtureError, HostFileError, NumadError
@@ -51,44 +62,105 @@ def main(argv: list[str] | None = None) -> int:
     if redhat.is_redhat(argv):  # Red Hat numad's command line (libvirt runs numad -w)
         configure_logging(quiet=True)
         return redhat.main(argv)
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
-        if getattr(args, "fixture", None) is not None and args.root is not None:
-            args.usage_error("argument --fixture: not allowed with argument --root")
-    except SystemExit as done:  # --help, or a usage error argparse already printed
-        return done.code if isinstance(done.code, int) else 2
-    command: _Command = args.command
-    try:
-        return command(args)
-    except NumadError as err:
-        print(f"numad: {err}", file=sys.stderr)
-        return 1
+        return _main(argv)
     except BrokenPipeError:
         # The reader went away (`numad topology | head`): stop quietly, and keep
         # the interpreter from complaining while it flushes stdout at exit.
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 - the CLI's edge: one line, never a traceback
+        _fail(err)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        args = _parse(_parser(), argv)
+        command: _Command = args.command
+        status = command(args)
+    except SystemExit as done:  # --help, or a usage error already printed
+        status = done.code if isinstance(done.code, int) else 2
+    sys.stdout.flush()  # a closed stdout fails here, not in the interpreter's exit
+    return status
+
+
+def _fail(err: Exception) -> None:
+    """One line on stderr for an error: numad's own, the OS's, or a bug."""
+    if isinstance(err, APIError):
+        line = err.problem  # the daemon's message names its subject (the workload, ...)
+    elif isinstance(err, NumadError):
+        line = str(err)
+    elif isinstance(err, OSError):
+        subject = err.filename if err.filename is not None else type(err).__name__
+        line = f"{subject}: {err.strerror or err}"
+    else:
+        line = f"internal error: {type(err).__name__}: {err}; please report it"
+    with contextlib.suppress(OSError, ValueError):
+        print(f"numad: {' '.join(line.splitlines())}", file=sys.stderr)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; a usage error shows the usage of the command it is about."""
+    argv, tail = _command_tail(argv)
+    args, extras = parser.parse_known_args(argv)
+    if not hasattr(args, "command"):
+        parser.error(
+            f"unrecognized arguments: {' '.join(extras)}"
+            if extras
+            else "give a COMMAND (numad --help lists them)"
+        )
+    if extras:
+        args.usage_error(f"unrecognized arguments: {' '.join(extras)}")
+    if getattr(args, "fixture", None) is not None and getattr(args, "root", None) is not None:
+        args.usage_error("argument --fixture: not allowed with argument --root")
+    if tail is not None:
+        args.cmd = tail
+    return args
+
+
+def _command_tail(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``numad run OPTIONS -- CMD...``: CMD exactly as given (argparse drops every
+    ``--`` in it), split off before parsing."""
+    if argv[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors ending in one ``numad: COMMAND: ...`` line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        command = self.prog.removeprefix("numad").strip()
+        self.exit(2, f"numad: {command + ': ' if command else ''}{message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="numad", description="A NUMA resource manager for Linux hosts."
+    parser = _Parser(
+        prog="numad",
+        description="A NUMA resource manager for Linux hosts.",
+        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit).",
     )
     parser.add_argument("--version", action="version", version=f"numad {__version__}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_topology(sub)
     _add_record(sub)
     add_commands(sub)
     add_demo(sub)
     add_oci_hook(sub)
+    for command in sub.choices.values():  # an unknown option is reported with its command
+        command.set_defaults(usage_error=command.error)
     return parser
 
 
 # argparse names the type of add_subparsers() only privately, and it is generic
 # only to type checkers: a string keeps it out of the runtime.
-_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+_Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
 
 
 def _add_topology(sub: _Subparsers) -> None:
@@ -134,7 +206,7 @@ def _add_topology(sub: _Subparsers) -> None:
         action="store_true",
         help=f"show the host, or {DEFAULT_MACHINE} where the host has fewer than 2 NUMA nodes",
     )
-    topo.set_defaults(command=_topology, usage_error=topo.error)
+    topo.set_defaults(command=_topology)
 
 
 def _add_record(sub: _Subparsers) -> None:

@@ -1,28 +1,29 @@
 """The daemon's commands: ``serve`` and the clients ``admit``, ``release``, ``list``,
-``show``, ``explain``, ``plan``, ``run``.
+``show``, ``explain``, ``plan``, ``host``, ``run``.
 
-Edge module, registered by ``numad.cli``. ``serve --root DIR`` runs the whole
-daemon on a recorded machine: host files under DIR, and, where DIR has no
-cgroup hierarchy, a scratch cgroup v2 tree under DIR/sys/fs/cgroup whose
-effective files the scratch backend computes as the kernel would.
+Edge module, registered by ``numad.cli``. Each client prints text for people
+(``numad.textout``) and, with ``--json``, the daemon's answer exactly. ``serve
+--root DIR`` runs the whole daemon on a recorded machine (``numad.service``); its
+clients then talk to DIR/run/numad/numad.sock.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from numad import defaults
-from numad.api.client import request
-from numad.errors import ConfigError
+from numad import defaults, textout
+from numad.api.client import APIError, request
+from numad.errors import ConfigError, HostFileError, NumadError
+from numad.log import configure as configure_logging
 from numad.picture.remote import from_daemon as picture_of_daemon
 from numad.picture.remote import write as write_picture
+from numad.quantity import quantity
+from numad.transient import REJECTED, run_command, spec_of, workload_path
 
 _FORMATS = {
     ".json": "application/json",
@@ -30,37 +31,59 @@ _FORMATS = {
     ".yaml": "application/yaml",
     ".yml": "application/yaml",
 }
+SOCKET_HELP = (
+    f"the daemon's API socket (default {defaults.SOCKET}; "
+    f"for serve --root DIR: DIR{defaults.SOCKET})"
+)
 
 
 def add_commands(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the daemon", description="Run the numad daemon.")
-    serve.add_argument("--config", type=Path, help="config file (default /etc/numad/numad.toml)")
-    serve.add_argument("--root", metavar="DIR", help="run on the (recorded) machine under DIR")
-    serve.add_argument("--socket", help="API socket path")
+    serve.add_argument(
+        "--config", type=Path, help="config file (default /etc/numad/numad.toml, if present)"
+    )
+    serve.add_argument(
+        "--root", metavar="DIR", help="run on the (recorded) machine under DIR, scratch cgroups"
+    )
+    serve.add_argument(
+        "--socket",
+        metavar="PATH",
+        help=f"the API socket to listen on (default: [paths] socket, {defaults.SOCKET})",
+    )
     serve.set_defaults(command=_serve)
 
-    for name, helptext in (
-        ("admit", "admit a workload spec"),
-        ("plan", "show what admitting a spec would do"),
+    admit = _client(sub, "admit", "admit a workload: a spec file, or a systemd unit by name")
+    admit.add_argument(
+        "spec",
+        nargs="?",
+        type=Path,
+        metavar="SPEC",
+        help="a workload spec (.toml, .json) or a Pod manifest (.yaml); or, instead, --unit",
+    )
+    admit.add_argument("--unit", help="admit this systemd unit (e.g. db.service) with the options")
+    _request_options(admit, cpus_default=None)
+    admit.set_defaults(command=_admit)
+
+    plan = _client(sub, "plan", "show what admitting a spec would do (admits nothing)")
+    plan.add_argument(
+        "spec", type=Path, metavar="SPEC", help="a workload spec (.toml, .json) or a Pod manifest"
+    )
+    plan.add_argument(
+        "--root", metavar="DIR", help="plan offline on the (recorded) machine under DIR"
+    )
+    plan.add_argument("--config", type=Path, help="config file for an offline plan")
+    plan.set_defaults(command=_plan)
+
+    release = _client(sub, "release", "release a workload: its CPUs, memory and devices")
+    release.add_argument("name", nargs="?", metavar="NAME", help="the workload (or --unit)")
+    release.add_argument("--unit", help="release the workload of this systemd unit")
+    release.set_defaults(command=_release)
+    for name, helptext, command in (
+        ("show", "show a workload: each container's CPUs, memory nodes, devices", _show),
+        ("explain", "explain why a workload was placed where it is", _explain),
     ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument(
-            "spec", type=Path, help="a workload spec (.toml, .json) or a Pod manifest (.yaml)"
-        )
-        p.add_argument("--socket", help="API socket path")
-        if name == "plan":
-            p.add_argument("--root", metavar="DIR", help="plan offline on the machine under DIR")
-            p.add_argument("--config", type=Path, help="config file for an offline plan")
-            p.add_argument("--json", action="store_true", help="print JSON")
-        p.set_defaults(command=_admit if name == "admit" else _plan)
-    for name, helptext in (
-        ("release", "release a workload"),
-        ("show", "show a workload"),
-        ("explain", "explain a workload's placement"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("name")
-        p.add_argument("--socket", help="API socket path")
+        p = _client(sub, name, helptext)
+        p.add_argument("name", metavar="NAME", help="the workload")
         if name == "show":
             p.add_argument(
                 "--svg",
@@ -68,30 +91,89 @@ def add_commands(sub: Any) -> None:
                 type=Path,
                 help="also write a picture (SVG) of the machine and who holds each CPU to FILE",
             )
-        p.set_defaults(command=_by_name, verb=name)
-    lst = sub.add_parser("list", help="list admitted workloads")
-    lst.add_argument("--socket", help="API socket path")
-    lst.set_defaults(command=_list)
-    host = sub.add_parser(
-        "host", help="show host isolation: isolated cgroups and what cannot be moved"
-    )
-    host.add_argument("--socket", help="API socket path")
+        p.set_defaults(command=command)
+    _client(sub, "list", "list admitted workloads").set_defaults(command=_list)
+    host = _client(sub, "host", "show host isolation: isolated cgroups, what cannot be moved")
     host.set_defaults(command=_host)
-    run = sub.add_parser("run", help="admit a transient workload and run a command in it")
-    run.add_argument("--cpus", type=int, default=1)
-    run.add_argument("--memory", default=None)
-    run.add_argument("--device", action="append", default=[], metavar="CLASS=N")
-    run.add_argument("--socket", help="API socket path")
-    run.add_argument("--name", help="the workload's name (default run-PID)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER)
-    run.set_defaults(command=_run)
+
+    run = sub.add_parser(
+        "run",
+        help="run a command in a transient workload, released when it exits",
+        description="Admit a transient workload, run CMD in its cgroup, release it when "
+        "CMD exits (or numad run is interrupted); exit with CMD's status.",
+    )
+    _request_options(run, cpus_default=1)
+    run.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command")
+    run.set_defaults(command=run_command)
+
+
+def _client(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=helptext, description=helptext + ".")
+    p.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
+    p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    return p
+
+
+def _request_options(p: argparse.ArgumentParser, cpus_default: int | None) -> None:
+    p.add_argument(
+        "--cpus",
+        type=_cpus,
+        default=cpus_default,
+        metavar="N",
+        help="N exclusive CPUs, or a share of the pool like 500m"
+        + (f" (default {cpus_default})" if cpus_default else ""),
+    )
+    p.add_argument("--memory", type=_memory, metavar="SIZE", help="memory, like 4Gi")
+    p.add_argument(
+        "--device",
+        type=_device,
+        action="append",
+        default=[],
+        metavar="CLASS=N",
+        help="N devices of a class from the config (repeatable)",
+    )
+    p.add_argument("--policy", help="the topology policy for this workload (default: the host's)")
+    p.add_argument("--name", help="the workload's name (default: from the unit, or run-PID)")
+
+
+def _cpus(text: str) -> int | str:
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) > 0:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a CPU count; give N exclusive CPUs (4) or a share like 500m"
+    )
+
+
+def _memory(text: str) -> str:
+    size = quantity(text)
+    if size is None or size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; give bytes, or 512Mi, 4Gi")
+    return text
+
+
+def _device(text: str) -> tuple[str, int]:
+    name, sep, count = text.partition("=")
+    if not (sep and name and count.isdigit() and int(count) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give CLASS=N, a device class and a count")
+    return name, int(count)
 
 
 def _socket(args: argparse.Namespace) -> str:
     return str(getattr(args, "socket", None) or defaults.SOCKET)
 
 
-# -- clients ------------------------------------------------------------------------------------
+def _say(args: argparse.Namespace, answer: Any, lines: Sequence[str]) -> None:
+    """The daemon's answer as JSON with --json, else the text lines."""
+    if getattr(args, "json", False):
+        print(json.dumps(answer, indent=2))
+    else:
+        print("\n".join(lines))
+
+
+# -- serve, admit, plan -------------------------------------------------------------------------
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -106,17 +188,44 @@ def _read_spec(path: Path) -> tuple[str, str]:
     kind = _FORMATS.get(path.suffix.lower())
     if kind is None:
         raise ConfigError(str(path), "unknown spec format", "use .toml, .json or .yaml")
-    return path.read_text(encoding="utf-8"), kind
-
-
-def _print(data: dict[str, Any]) -> None:
-    print(json.dumps(data, indent=2))
+    try:
+        return path.read_text(encoding="utf-8"), kind
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), "not UTF-8 text") from err
+    except OSError as err:
+        raise HostFileError(str(path), f"cannot read: {err.strerror or err}") from err
 
 
 def _admit(args: argparse.Namespace) -> int:
-    text, kind = _read_spec(args.spec)
-    _print(request(_socket(args), "POST", "/v1/workloads", text, content_type=kind))
+    if (args.spec is None) == (args.unit is None):
+        args.usage_error("give a SPEC file or --unit UNIT (one of them)")
+    if args.spec is not None:
+        given = [o for o in ("cpus", "memory", "device", "policy", "name") if getattr(args, o)]
+        if given:
+            args.usage_error(f"--{given[0]} goes with --unit; a spec file says it itself")
+        text, kind = _read_spec(args.spec)
+        subject = args.spec.name
+    else:
+        if args.cpus is None:
+            args.usage_error("--unit needs --cpus")
+        text, kind = json.dumps(spec_of(args, unit=args.unit)), "application/json"
+        subject = args.name or args.unit
+    try:
+        answer = request(_socket(args), "POST", "/v1/workloads", text, content_type=kind)
+    except APIError as err:
+        if err.status != 409 or err.body.get("error", {}).get("code") == "conflict":
+            raise  # not a rejection: a name already admitted, an invalid spec, ...
+        error = err.body.get("error", {})
+        _say(args, err.body, textout.rejected(_rejected_name(error, subject), error))
+        return REJECTED
+    _say(args, answer, textout.admitted(answer))
     return 0
+
+
+def _rejected_name(error: dict[str, Any], fallback: str) -> str:
+    """The workload a 409 rejection names (its message starts ``NAME: rejected``)."""
+    head = str(error.get("message", "")).split(": rejected", 1)
+    return head[0] if len(head) == 2 else fallback
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -124,98 +233,59 @@ def _plan(args: argparse.Namespace) -> int:
     if args.root is None and args.config is None and os.path.exists(_socket(args)):
         result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:
+        if args.root is not None and not os.path.isdir(args.root):
+            raise HostFileError(
+                args.root, "is not a directory", "give the root of a (recorded) tree"
+            )
+        configure_logging(quiet=True)  # an offline start logs; the plan is the answer
         from numad.service import plan_offline  # noqa: PLC0415 - as in _serve
 
         result = plan_offline(args.config, args.root, text, kind)
-    if args.json:
-        _print(result)
-    else:
-        print(result["explanation"] or result["detail"])
-        for name, c in result["containers"].items():
-            cpus, mems = c["cpus"] or "(shared pool)", c["mems"] or "(any)"
-            print(f"  {name}: cpus {cpus} mems {mems} devices {c['devices']}")
-    return 0 if result["admitted"] else 3
+    _say(args, result, textout.plan(args.spec.name, result))
+    return 0 if result["admitted"] else REJECTED
 
 
-def _by_name(args: argparse.Namespace) -> int:
-    if args.verb == "release":
-        _print(request(_socket(args), "DELETE", f"/v1/workloads/{args.name}"))
-    elif args.verb == "explain":
-        _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}/explain"))
-    else:
-        _print(request(_socket(args), "GET", f"/v1/workloads/{args.name}"))
-    if getattr(args, "svg", None) is not None:  # after the show: an unknown name fails first
+# -- release, show, explain, list, host ---------------------------------------------------------
+
+
+def _release(args: argparse.Namespace) -> int:
+    if (args.name is None) == (args.unit is None):
+        args.usage_error("give a NAME or --unit UNIT (one of them)")
+    name = args.name if args.unit is None else _of_unit(_socket(args), args.unit)
+    answer = request(_socket(args), "DELETE", workload_path(name))
+    _say(args, answer, [f"{name}: released"])
+    return 0
+
+
+def _of_unit(socket: str, unit: str) -> str:
+    """The workload that holds ``unit``."""
+    for w in request(socket, "GET", "/v1/workloads").get("workloads", []):
+        if w.get("unit") == unit:
+            return str(w["name"])
+    raise NumadError(unit, "no workload holds this unit", "numad list shows the workloads")
+
+
+def _show(args: argparse.Namespace) -> int:
+    answer = request(_socket(args), "GET", workload_path(args.name))
+    _say(args, answer, textout.workload(answer))
+    if args.svg is not None:  # after the show: an unknown name fails before a file is made
         write_picture(args.svg, picture_of_daemon(_socket(args), f"numad: {args.name}"))
     return 0
 
 
-def _host(args: argparse.Namespace) -> int:
-    _print(request(_socket(args), "GET", "/v1/host"))
+def _explain(args: argparse.Namespace) -> int:
+    answer = request(_socket(args), "GET", workload_path(args.name) + "/explain")
+    _say(args, answer, textout.explanation(answer))
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    _print(request(_socket(args), "GET", "/v1/workloads"))
+    answer = request(_socket(args), "GET", "/v1/workloads")
+    _say(args, answer, textout.table(answer.get("workloads", [])))
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    """Admit a transient workload, run the command in its cgroup, release it when the
-    command exits (also when it fails), and exit with the command's status."""
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd  # an inner "--" is the command's
-    if not cmd:
-        raise SystemExit("numad run: give a command after --")
-    name = args.name or f"run-{os.getpid()}"
-    spec: dict[str, Any] = {
-        "name": name,
-        "cgroup": f"{defaults.MANAGED_ROOT}/{name}",
-        "cpus": args.cpus,
-    }
-    if args.memory:
-        spec["memory"] = args.memory
-    if args.device:
-        spec["devices"] = {k: int(v) for k, v in (d.split("=", 1) for d in args.device)}
-    health = request(_socket(args), "GET", "/v1/health")
-    cgroup = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"]
-    made = not cgroup.is_dir()
-    if made:  # as a service manager would; removed again when the command is done
-        cgroup.mkdir(parents=True)
-    try:
-        admitted = request(_socket(args), "POST", "/v1/workloads", json.dumps(spec))
-    except BaseException:
-        _remove(cgroup, made)
-        raise
-    placed = admitted["containers"]["main"]
-    print(f"numad: {name}: cpus {placed['cpus'] or 'shared'}; running {cmd[0]}", file=sys.stderr)
-    sys.stderr.flush()
-    try:
-        status = _child(cgroup, cmd)
-    finally:
-        request(_socket(args), "DELETE", f"/v1/workloads/{name}")
-        _remove(cgroup, made)
-        print(f"numad: {name}: released", file=sys.stderr)
-    return status
-
-
-def _child(cgroup: Path, cmd: list[str]) -> int:
-    """Run ``cmd`` in ``cgroup`` (it joins before exec); its exit status, 128+N for a
-    signal N. SIGINT, SIGTERM and SIGHUP are passed on to it."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
-            os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command
-        except OSError as err:
-            print(f"numad: {cmd[0]}: {err.strerror}", file=sys.stderr)
-        os._exit(127)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda n, _frame: os.kill(pid, n))
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
-def _remove(cgroup: Path, made: bool) -> None:
-    if made:
-        with contextlib.suppress(OSError):  # still in use, or a scratch tree's files
-            cgroup.rmdir()
+def _host(args: argparse.Namespace) -> int:
+    answer = request(_socket(args), "GET", "/v1/host")
+    _say(args, answer, textout.host(answer))
+    return 0

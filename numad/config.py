@@ -67,8 +67,9 @@ from typing import Any, TypeVar
 from numad import defaults
 from numad.cpuset import CPUSet
 from numad.errors import ConfigError
+from numad.managers.cpu.static import CPUOption
 from numad.managers.device import DeviceClass
-from numad.policy import Policy
+from numad.policy import OPTIONS, Policy
 from numad.scope import Scope
 
 DEFAULT_PATH = Path("/etc/numad/numad.toml")
@@ -125,6 +126,7 @@ class Config:
     irq_affinity: bool = False
     memory_pull: bool = True
     locality_threshold: float = 0.8
+    source: str = "config"  # the file, for errors found once the machine is known
 
 
 _DEFAULT = Config()
@@ -154,6 +156,8 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
     topology, cpu, memory = section["topology"], section["cpu"], section["memory"]
     daemon, metrics, d = section["daemon"], section["metrics"], _DEFAULT
     topology_options, cpu_options = topology.table("options"), cpu.table("options")
+    topology_options.only(set(OPTIONS), "option")
+    cpu_options.only({o.value for o in CPUOption}, "option")
     return Config(
         policy=topology.choice("policy", d.policy),
         scope=topology.choice("scope", d.scope),
@@ -175,7 +179,33 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
         irq_affinity=section["host"].boolean("irq-affinity", d.irq_affinity),
         memory_pull=memory.boolean("pull", d.memory_pull),
         locality_threshold=memory.fraction("locality-threshold", d.locality_threshold),
+        source=source,
     )
+
+
+def check_reserved(config: Config, cpus: CPUSet, online: int) -> None:
+    """The reserved CPUs against the machine: every listed CPU exists (online or
+    not); a count is at most the online CPUs."""
+    where = f"{config.source} [cpu]"
+    if config.reserved_cpus is not None:
+        missing = CPUSet.parse_list(config.reserved_cpus) - cpus
+        if missing:
+            raise ConfigError(
+                where,
+                f"reserved-cpus = {config.reserved_cpus!r}: "
+                + (
+                    f"CPU {missing.format_list()} does not exist on this machine"
+                    if len(missing) == 1
+                    else f"CPUs {missing.format_list()} do not exist on this machine"
+                ),
+                f"its CPUs are {cpus.format_list()}",
+            )
+    elif config.reserved_count > online:
+        raise ConfigError(
+            where,
+            f"reserved-count = {config.reserved_count}: this machine has {online} online CPUs",
+            f"reserve from 0 to {online}",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,13 +223,13 @@ class _Table:
     def fail(self, key: str, problem: str, hint: str | None = None) -> ConfigError:
         return ConfigError(self.where, f"{key} = {self.values[key]!r}: {problem}", hint)
 
-    def only(self, allowed: set[str]) -> None:
+    def only(self, allowed: set[str], what: str = "key") -> None:
         unknown = sorted(set(self.values) - allowed)
         if unknown:
             raise ConfigError(
                 self.where,
-                f"unknown key {unknown[0]!r}",
-                f"known keys: {', '.join(sorted(allowed))}",
+                f"unknown {what} {unknown[0]!r}",
+                f"known {what}s: {', '.join(sorted(allowed))}",
             )
 
     def table(self, key: str) -> _Table:

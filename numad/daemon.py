@@ -27,7 +27,7 @@ from numad import durable, state, units
 from numad.admission import Books, Engine, Outcome, admit, release
 from numad.cgroup import CgroupPath
 from numad.cgroup.v2 import CgroupV2Backend
-from numad.config import Config
+from numad.config import Config, check_reserved
 from numad.cpuset import CPUSet, NodeSet
 from numad.enforce import Cgroups, Enforcer, Log, targets
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
@@ -143,6 +143,8 @@ class Daemon(Views, Reconciler):
         if problem:
             self.health.set("checkpoint-read", problem)
             self.log.error("checkpoint_unreadable", problem=problem)
+        known = CPUSet(c.id for c in self.topology.all_cpus)
+        check_reserved(self.config, known, len(self.topology.online_cpus))
         self.reserved, changed = choose_reserved(self.config, self.cpu_policy, checkpoint)
         if changed:
             self.log.warning("reserved_cpus_changed", change=changed)

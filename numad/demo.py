@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from numad import textout
 from numad.api.client import APIError, request
 from numad.errors import NumadError
 from numad.scratch import scratch_mkdir
@@ -54,7 +55,10 @@ TOO_BIG = {"name": "huge", "cgroup": "numad.slice/huge", "cpus": 20}
 
 def add_demo(sub: Any) -> None:
     demo = sub.add_parser(
-        "demo", help="run the daemon on a bundled 2-socket machine and admit samples"
+        "demo",
+        help="run the daemon on a bundled 2-socket machine and admit samples",
+        description="Run numad serve on a bundled recorded 2-socket machine with a scratch "
+        "cgroup tree, admit sample workloads, show a rejection; nothing on the host is touched.",
     )
     demo.set_defaults(command=run_demo)
 
@@ -102,8 +106,8 @@ def _demo(scratch: Path) -> int:
             print(f"\nadmitted {sample['name']}: {answer['explanation']}")
         try:
             request(socket, "POST", "/v1/workloads", json.dumps(TOO_BIG))
-        except APIError as err:
-            print(f"\nrejected huge ({err.status}): {err.body['error']['message']}")
+        except APIError as err:  # the request, what each node has free, and why not
+            print("\n" + "\n".join(textout.rejected("huge", err.body["error"])))
         print("\ncpusets as the kernel would show them (cpuset.cpus.effective):")
         for sample in [*SAMPLES, TOO_BIG]:
             effective = (cgroups / sample["cgroup"] / "cpuset.cpus.effective").read_text().strip()

@@ -1,13 +1,17 @@
 """Explanations of merge decisions, as values and in plain words.
 
 Pure core. The kubelet rejects with "Resources cannot be allocated with
-Topology locality"; numad names each resource's preferred NUMA node sets and
-the smallest group of resources that have none in common.
+Topology locality"; numad says what was decided first (admitted where, or
+rejected and the smallest reason: the group of resources with no preferred
+node set in common, or the allocation that failed), then what was asked for,
+what each NUMA node had free (on a rejection), and each resource's preferred
+node sets. The text is those parts joined by "; " (no part holds one), so a
+reader may show one part a line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from numad.cpuset import NodeSet
@@ -33,6 +37,38 @@ class ResourceView:
 
 
 @dataclass(frozen=True, slots=True)
+class Asked:
+    """What one container (or a pod, by scope) asked for."""
+
+    container: str
+    cpus: int = 0  # exclusive CPUs (0: the shared pool)
+    memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes
+    devices: Mapping[str, int] = field(default_factory=dict)  # class -> count
+
+    def text(self) -> str:
+        parts = [f"{self.cpus} exclusive CPUs" if self.cpus else "shared CPUs"]
+        parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items()) if b]
+        parts += [f"{n} {name}" for name, n in sorted(self.devices.items()) if n]
+        return f"{self.container} asks for {', '.join(parts)}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFree:
+    """What one NUMA node had free when the request was decided."""
+
+    node: int
+    cpus: int  # CPUs free for exclusive use
+    memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes
+    devices: Mapping[str, int] = field(default_factory=dict)  # class -> count
+
+    def text(self) -> str:
+        parts = [f"{self.cpus} CPUs"]
+        parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items())]
+        parts += [f"{n} {name}" for name, n in sorted(self.devices.items())]
+        return f"node {self.node} has {', '.join(parts)} free"
+
+
+@dataclass(frozen=True, slots=True)
 class Explanation:
     policy: Policy
     admitted: bool
@@ -40,15 +76,33 @@ class Explanation:
     preferred: bool
     resources: tuple[ResourceView, ...]
     conflict: tuple[str, ...]  # smallest group with no preferred node set in common
+    asked: Asked | None = None
+    free: tuple[NodeFree, ...] = ()  # per node, given on a rejection
+    failure: str = ""  # the merge admitted, then this allocation failed: rejected
+
+    def parts(self) -> tuple[str, ...]:
+        """The decision, the request, what was free, then each resource's node sets."""
+        out = [self._decision()]
+        if self.asked is not None:
+            out.append(self.asked.text())
+        out += [f.text() for f in self.free[:FREE_SHOWN]]
+        if len(self.free) > FREE_SHOWN:
+            out.append(f"{len(self.free) - FREE_SHOWN} more nodes (numad topology shows them)")
+        lines = [_resource_line(r) for r in self.resources if r.resource]
+        out += lines or ["no resource asked for NUMA placement"]
+        return tuple(out)
 
     def text(self) -> str:
-        lines = [_resource_line(r) for r in self.resources if r.resource]
-        head = "; ".join(lines) if lines else "no resource asked for NUMA placement"
+        return "; ".join(self.parts())
+
+    def _decision(self) -> str:
+        if self.failure:  # never "admitted": the merge's answer did not hold
+            return f"rejected: {self.failure} (policy {self.policy})"
         where = "any NUMA node" if self.affinity is None else f"NUMA nodes {_nodes(self.affinity)}"
         if self.admitted:
             quality = "preferred" if self.preferred else "not preferred"
-            return f"{head}: admitted on {where} ({quality}, policy {self.policy})"
-        return f"{head}: {self._reason()} (policy {self.policy})"
+            return f"admitted on {where} ({quality}, policy {self.policy})"
+        return f"rejected: {self._reason()} (policy {self.policy})"
 
     def _reason(self) -> str:
         nowhere = [r.resource for r in self.resources if r.nowhere]
@@ -61,19 +115,30 @@ class Explanation:
         return "no preferred alignment was found"
 
 
-def explain(decision: Decision) -> Explanation:
+def explain(
+    decision: Decision,
+    asked: Asked | None = None,
+    free: tuple[NodeFree, ...] = (),
+    failure: str = "",
+) -> Explanation:
+    """``decision`` explained; ``failure``: the allocation that failed after the merge
+    admitted (then the explanation is a rejection)."""
     views = tuple(_view(hl) for hl in decision.lists)
     return Explanation(
         policy=decision.policy,
-        admitted=decision.admit,
+        admitted=decision.admit and not failure,
         affinity=decision.affinity,
         preferred=decision.preferred,
         resources=views,
         conflict=() if decision.preferred else conflict(views),
+        asked=asked,
+        free=free,
+        failure=failure,
     )
 
 
 SHOWN = 5  # preferred node sets named per described resource
+FREE_SHOWN = 16  # nodes whose free resources a rejection lists
 
 
 def _view(hl: HintList) -> ResourceView:
@@ -139,7 +204,7 @@ def _resource_line(view: ResourceView) -> str:
     if view.anywhere and not view.preferred:
         return f"{view.resource} fits anywhere"
     if not view.preferred:
-        return f"{view.resource} has no preferred placement"
+        return f"{view.resource} fits on no preferred node set"
     sets = " or ".join(_nodes(s) for s in view.preferred[:4])
     more = f" (+{len(view.preferred) - 4} more)" if len(view.preferred) > 4 else ""
     if view.more:
@@ -156,3 +221,13 @@ def _names(names: Sequence[str]) -> str:
     if len(names) <= 1:
         return "".join(names)
     return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _bytes(n: int) -> str:
+    """Bytes in the largest binary unit that keeps them whole (as the specs write them)."""
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    if n >= 1 << 20:
+        return f"{n / (1 << 30):.1f}Gi" if n >= 1 << 30 else f"{n / (1 << 20):.1f}Mi"
+    return f"{n}B"

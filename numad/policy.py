@@ -67,6 +67,15 @@ class Decision:
     lists: tuple[HintList, ...] = field(default=(), repr=False, compare=False)
 
 
+# The Topology Manager's policy options numad knows (parse_options reads each).
+OPTIONS = (
+    "max-allowable-numa-nodes",
+    "numa-allocation-strategy",
+    "numa-score-weights",
+    "prefer-closest-numa-nodes",
+)
+
+
 def parse_options(policy: Policy, raw: Mapping[str, str]) -> PolicyOptions:
     """Options as the kubelet's --topology-manager-policy-options spells them."""
     options = PolicyOptions()

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import numad.config
-from numad.config import Config, Paths, load, parse
+from numad.config import Config, Paths, check_reserved, load, parse
+from numad.cpuset import CPUSet
 from numad.errors import ConfigError
 from numad.managers.device import DeviceClass
 from numad.policy import Policy
@@ -100,6 +101,9 @@ def test_range_ends_are_allowed(section: str, key: str, value: object, field: st
     assert getattr(parse({section: {key: value}}), field) == value
 
 
+PREFER = "prefer-closest-numa-nodes"
+
+
 def _bad(where: str, key: str, value: object, message: str, case: str) -> Any:
     """A case: ``value`` at ``where``'s ``key`` and the start of the error it gives."""
     raw: dict[str, Any] = {key: value}
@@ -120,8 +124,8 @@ BAD = [
     _bad("[topology]", "policy", 3, f"not one of {POLICIES}", "policy-int"),
     _bad("[topology]", "policy", "single", f"not one of {POLICIES}", "policy-unknown"),
     _bad("[topology]", "scope", "node", "not one of container, pod", "scope-unknown"),
-    _bad("[topology.options]", "x", 1, "not a string or a boolean", "topology-option-int"),
-    _bad("[topology.options]", "x", [], "not a string or a boolean", "topology-option-list"),
+    _bad("[topology.options]", PREFER, 1, "not a string or a boolean", "topology-option-int"),
+    _bad("[topology.options]", PREFER, [], "not a string or a boolean", "topology-option-list"),
     # whole numbers and seconds, with their ranges
     _bad("[cpu]", "reserved-count", "2", "not a whole number of 0 or more", "count-str"),
     _bad("[cpu]", "reserved-count", -1, "not a whole number of 0 or more", "count-negative"),
@@ -182,3 +186,60 @@ def test_a_file_with_a_bad_value_names_the_file_and_the_key(tmp_path: Path) -> N
 def test_unknown_keys_are_still_named() -> None:
     with pytest.raises(ConfigError, match=r"config \[daemon\]: unknown key 'release-grace'"):
         parse({"daemon": {"release-grace": 30}})
+
+
+@pytest.mark.parametrize(
+    ("section", "known"),
+    [
+        pytest.param(
+            "topology",
+            "max-allowable-numa-nodes, numa-allocation-strategy, numa-score-weights, "
+            "prefer-closest-numa-nodes",
+            id="topology",
+        ),
+        pytest.param(
+            "cpu",
+            "align-by-socket, distribute-cpus-across-cores, distribute-cpus-across-numa, "
+            "full-pcpus-only, prefer-align-cpus-by-uncorecache, strict-cpu-reservation",
+            id="cpu",
+        ),
+    ],
+)
+def test_an_unknown_option_lists_the_known_ones(section: str, known: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({section: {"options": {"bogus": True}}}, "numad.toml")
+    assert str(caught.value) == (
+        f"numad.toml [{section}.options]: unknown option 'bogus'; known options: {known}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cpu", "message"),
+    [
+        pytest.param(
+            {"reserved-cpus": "0,99"},
+            "reserved-cpus = '0,99': CPU 99 does not exist on this machine; its CPUs are 0-31",
+            id="one-missing",
+        ),
+        pytest.param(
+            {"reserved-cpus": "30-33"},
+            "reserved-cpus = '30-33': CPUs 32-33 do not exist on this machine; its CPUs are 0-31",
+            id="two-missing",
+        ),
+        pytest.param(
+            {"reserved-count": 33},
+            "reserved-count = 33: this machine has 32 online CPUs; reserve from 0 to 32",
+            id="count-over-online",
+        ),
+    ],
+)
+def test_reserved_cpus_the_machine_lacks(cpu: dict[str, Any], message: str) -> None:
+    config = parse({"cpu": cpu}, "numad.toml")
+    with pytest.raises(ConfigError) as caught:
+        check_reserved(config, CPUSet.parse_list("0-31"), 32)
+    assert str(caught.value) == f"numad.toml [cpu]: {message}"
+
+
+def test_reserved_cpus_the_machine_has_are_accepted() -> None:
+    check_reserved(parse({"cpu": {"reserved-cpus": "0,31"}}), CPUSet.parse_list("0-31"), 30)
+    check_reserved(parse({"cpu": {"reserved-count": 30}}), CPUSet.parse_list("0-31"), 30)

@@ -150,8 +150,9 @@ def test_rejection_names_the_conflicting_resources() -> None:
     why = explain(decision)
     assert why.conflict == ("example.com/gpu", "memory")
     assert why.text() == (
-        "example.com/gpu fits only on {1}; cpu fits on {0} or {1}; memory fits only on {0}: "
-        "no NUMA node set is preferred by all of example.com/gpu and memory (policy restricted)"
+        "rejected: no NUMA node set is preferred by all of example.com/gpu and memory "
+        "(policy restricted); example.com/gpu fits only on {1}; cpu fits on {0} or {1}; "
+        "memory fits only on {0}"
     )
 
 
@@ -175,7 +176,7 @@ def test_admission_is_explained_too() -> None:
     decision = merge(Policy.RESTRICTED, PolicyOptions(), TWO_NODES, providers)
     assert decision.admit
     assert explain(decision).text() == (
-        "cpu fits on {0} or {1}; memory fits only on {1}: admitted on NUMA nodes {1} "
-        "(preferred, policy restricted)"
+        "admitted on NUMA nodes {1} (preferred, policy restricted); cpu fits on {0} or {1}; "
+        "memory fits only on {1}"
     )
     assert explain(decision).conflict == ()

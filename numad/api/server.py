@@ -263,7 +263,7 @@ class _Handler(BoundedHandler):
         return _error(
             409,
             "topology_affinity" if affinity else "allocation",
-            f"{spec.name}: rejected: {why['explanation'] or why['detail']}",
+            f"{spec.name}: {why['explanation'] or 'rejected: ' + why['detail']}",
             **why,
         )
 

@@ -222,8 +222,13 @@ def load_fixture(archive: Path, dest: Path) -> Path:
         raise
     except tarfile.FilterError as err:
         raise FixtureError(str(archive), f"unsafe member: {err}") from err
+    except tarfile.ReadError as err:  # tarfile lists each method it tried, one a line
+        raise FixtureError(
+            str(archive), "not a recorded archive", "give a .tar.gz or .tar.bz2 from record-fixture"
+        ) from err
     except (tarfile.TarError, EOFError, zlib.error) as err:
-        raise FixtureError(str(archive), f"not a readable archive: {err}") from err
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise FixtureError(str(archive), f"not a readable archive: {first}") from err
     except OSError as err:  # a missing archive, a corrupt bz2/gzip stream, a full disk
         raise FixtureError(str(archive), f"cannot extract: {err.strerror or err}") from err
     return root

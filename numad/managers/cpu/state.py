@@ -22,6 +22,7 @@ from types import MappingProxyType
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
 from numad.hintspace import HintSpace
+from numad.managers.cpu.packed import not_enough
 from numad.managers.cpu.static import StaticPolicy
 
 Key = tuple[str, str]  # (workload, container)
@@ -87,6 +88,11 @@ class CPUState:
             return self
         workload = key[0]
         reusable = self._reusable_for(workload)
+        free = (self.available | reusable).bit_count()
+        if count > free:
+            # The allocator takes the aligned part first and reports only the rest it
+            # could not find (as the kubelet does); the whole request is named here.
+            raise not_enough(count, free)
         cpus = policy.allocate(
             self.available, count, affinity, reusable=reusable, reserved=self.reserved
         )
