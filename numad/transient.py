@@ -127,10 +127,17 @@ def _end(socket: str, name: str, cgroup: Path, *, held: bool, made: bool) -> Non
 def _child(cgroup: Path, cmd: list[str], child: list[int]) -> int:
     """Run ``cmd`` in ``cgroup`` (it joins before exec); its exit status, 128+N for a
     signal N. The caller's handlers pass SIGINT, SIGTERM and SIGHUP on to it."""
-    pid = os.fork()
+    # Blocked until the pid is known: a signal in between is passed on, not lost.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        raise
     if pid == 0:
         for sig in _FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         try:
             (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
             os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command
@@ -138,6 +145,7 @@ def _child(cgroup: Path, cmd: list[str], child: list[int]) -> int:
             print(f"numad: {cmd[0]}: {err.strerror}", file=sys.stderr)
         os._exit(127)
     child[0] = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     _, status = os.waitpid(pid, 0)
     child[0] = 0
     code = os.waitstatus_to_exitcode(status)
