@@ -69,7 +69,7 @@ def _workload(shown: dict[str, Any]) -> dict[str, Any]:
                 "cpus": c.get("cpus", ""),
                 "exclusive": bool(c.get("exclusive")),
                 "mems": c.get("mems", ""),
-                "devices": sorted(a for group in c.get("devices", {}).values() for a in group),
+                "devices": {k: sorted(v) for k, v in sorted(c.get("devices", {}).items())},
             }
             for name, c in containers.items()
         ],
@@ -156,7 +156,8 @@ function showWorkloads(workloads) {
       cell(row, c.name);
       cell(row, (c.exclusive ? "" : "shared pool: ") + (c.cpus || "-"));
       cell(row, c.mems || w.nodes || "any");
-      cell(row, c.devices.length ? c.devices.join(", ") : "-");
+      const devices = Object.entries(c.devices).map(([k, v]) => k + ": " + v.join(", "));
+      cell(row, devices.length ? devices.join("; ") : "-");
       cell(row, locality(w.locality));
       cell(row, w.unplaced ? "unplaced: " + w.unplaced : w.state);
     });

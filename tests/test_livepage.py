@@ -24,8 +24,11 @@ from typing import Any
 import pytest
 
 from numad.demo import CONFIG, MACHINE
-from numad.livepage import REFRESH_SECONDS
+from numad.hostfs import HostFS
+from numad.livepage import REFRESH_SECONDS, LivePage
 from numad.scratch import scratch_mkdir
+from numad.topology.discover import discover
+from numad.topology.model import Topology
 from tests import browser
 from tests.conftest import Machines
 from tests.test_daemon_e2e import Numad
@@ -49,6 +52,65 @@ def live(machines: Machines, tmp_path: Path) -> Iterator[tuple[Numad, str]]:
     yield daemon, f"http://{address}"
     if daemon.proc is not None and daemon.proc.poll() is None:
         daemon.stop()
+
+
+class _Stub:
+    """A daemon's read-only views, as the page reads them, with a problem to show."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.ready = False
+        self.problems = ["write:numad.slice/db: cpuset.cpus: EBUSY"]
+
+    def list_all(self) -> list[dict[str, Any]]:
+        db = {"cpus": "2-3", "exclusive": True, "mems": "0", "devices": {"nic": ["0000:1b:00.0"]}}
+        return [
+            {
+                "name": "db",
+                "cgroup": "numad.slice/db",
+                "containers": {"main": db},
+                "memory": {"state": "placed", "nodes": "0", "locality": 0.75},
+                "state": "placed",
+            }
+        ]
+
+    def host(self) -> dict[str, Any]:
+        return {"reserved": "0,16", "shared": "0-1,4-31"}
+
+
+def test_the_state_names_workloads_problems_and_draws_the_picture(machines: Machines) -> None:
+    page = LivePage(_Stub(discover(HostFS(machines.root(MACHINE)))), title="numad <test>")
+    status, body, kind = page.answer("/") or (0, b"", "")
+    assert (status, kind) == (200, "text/html; charset=utf-8")
+    assert b"numad &lt;test&gt;" in body  # the title is escaped
+    status, raw, kind = page.answer("/state.json") or (0, b"", "")
+    assert (status, kind) == (200, "application/json")
+    state = json.loads(raw)
+    assert state["ready"] is False
+    assert state["problems"] == ["write:numad.slice/db: cpuset.cpus: EBUSY"]
+    assert state["workloads"] == [
+        {
+            "name": "db",
+            "cgroup": "numad.slice/db",
+            "state": "placed",
+            "unplaced": None,
+            "containers": [
+                {
+                    "name": "main",
+                    "cpus": "2-3",
+                    "exclusive": True,
+                    "mems": "0",
+                    "devices": {"nic": ["0000:1b:00.0"]},
+                }
+            ],
+            "nodes": "0",
+            "locality": 0.75,
+        }
+    ]
+    picture = ET.fromstring(state["svg"])  # noqa: S314 - numad's own SVG
+    holders = {e.get("data-cpu"): e.get("data-holder") for e in picture.iter() if e.get("data-cpu")}
+    assert [c for c, who in holders.items() if who == "db"] == ["2", "3"]
+    assert page.answer("/metrics") is None  # the metrics handler's own path
 
 
 def _spec(name: str, cpus: int | str, **extra: Any) -> dict[str, Any]:
@@ -85,7 +147,7 @@ def test_the_listener_serves_the_page_its_state_and_the_metrics(
     assert db["name"] == "db"
     (main,) = db["containers"]
     assert main["exclusive"]
-    assert len(main["devices"]) == 2
+    assert len(main["devices"]["vector-engine"]) == 2
     picture = ET.fromstring(state["svg"])  # noqa: S314 - numad's own SVG
     held = [e for e in picture.iter() if e.get("data-holder") == "db" and e.get("data-cpu")]
     assert sorted(int(e.get("data-cpu", "")) for e in held) == sorted(
@@ -124,6 +186,8 @@ FACTS = """JSON.stringify({
   pus: [...document.querySelectorAll("#picture svg [data-cpu]")].map(
     e => [Number(e.dataset.cpu), e.dataset.holder]),
   nodes: document.querySelectorAll("#picture svg [data-node]").length,
+  problems: [...document.querySelectorAll("#problems li")].map(li => li.textContent),
+  table: document.getElementById("workloads").innerText,
 })"""
 
 
@@ -152,6 +216,8 @@ def test_the_page_in_chromium_shows_every_workload_and_updates_itself(
         assert sorted(c for c, who in facts["pus"] if who == "db") == sorted(db_cpus)
         assert sorted(c for c, who in facts["pus"] if who == "reserved") == [0, 16]
         assert facts["nodes"] == 2
+        assert facts["problems"] == ["none"]
+        assert "vector-engine: 0000:" in facts["table"]
         wide = page.screenshot(tmp_path / "live-1280x800.png")
 
         batch = daemon.call("POST", "/v1/workloads", _spec("batch", 8))

@@ -24,6 +24,7 @@ from numad.hostfs import HostFS
 from numad.picture import Holders, Workload, from_api, svg
 from numad.picture.draw import COLOURS, workload_colour
 from numad.picture.holders import Kind
+from numad.picture.layout import WIDTH, machine, place
 from numad.scratch import scratch_mkdir
 from numad.topology.discover import discover
 from numad.topology.fromjson import from_json
@@ -135,6 +136,20 @@ def test_every_machine_is_drawn_whole(
     assert from_json(to_json(topo)) == topo  # `show --svg` draws the daemon's JSON
     check_picture(topo, _placement(topo))
     check_picture(topo, Holders())
+    check_layout(topo)
+
+
+def check_layout(topo: Topology) -> None:
+    """Every box lies inside its parent, and the machine within the picture's width."""
+    body = machine(topo)
+    place(body, WIDTH)
+    assert body.w <= WIDTH
+    for box in body.walk():
+        for child in box.children:
+            assert box.x <= child.x
+            assert child.x + child.w <= box.x + box.w
+            assert box.y <= child.y
+            assert child.y + child.h <= box.y + box.h, (box.kind, box.label, child.label)
 
 
 def test_the_bundled_machine_with_a_known_placement(machines: Machines) -> None:
@@ -203,6 +218,7 @@ def test_1024_cpus_are_drawn_readably_and_fast() -> None:
     text = svg(topo, holders)
     seconds = time.perf_counter() - start
     root, _ = check_picture(topo, holders)
+    check_layout(topo)
     width = root.get("width")
     height = int(root.get("height", "0"))
     assert width == "1200"  # wraps into rows: never wider, only taller

@@ -46,6 +46,7 @@ _DEFS = (
 )
 HEAT_COLD, HEAT_HOT = (255, 247, 236), (179, 0, 0)
 HEAT_TEXT_UP_TO = 32  # nodes; beyond that the cells are too small for their numbers
+HEAT_SIDE = 720  # the heat map's side where cells are not at their smallest (12)
 
 
 def workload_colour(index: int) -> str:
@@ -152,6 +153,10 @@ def _memory_bar(box: Box, node: NumaNode) -> str:
     )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _gib(kb: int) -> str:
     return f"{kb / 1048576:.1f}"
 
@@ -172,9 +177,10 @@ def _legend(topo: Topology, holders: Holders) -> Box:
     if offline:
         keys.append((COLOURS[Kind.OFFLINE], f"offline ({offline})"))
     for index, w in enumerate(holders.workloads):
-        devices = f", {len(w.devices)} devices" if w.devices else ""
+        devices = f", {_count(len(w.devices), 'device')}" if w.devices else ""
         if w.cpus or w.devices:
-            keys.append((workload_colour(index), f"{w.name} ({len(w.cpus)} CPUs{devices})"))
+            what = f"{_count(len(w.cpus), 'CPU')}{devices}"
+            keys.append((workload_colour(index), f"{w.name} ({what})"))
         else:  # a shared workload holds nothing of its own: it runs in the pool
             keys.append((COLOURS[Kind.SHARED], f"{w.name} (in the shared pool)"))
     boxes = [Box("key", text, w=label_width(text) + 26, h=18, fill=fill) for fill, text in keys]
@@ -196,7 +202,7 @@ def _draw_legend(legend: Box, out: list[str]) -> None:
 
 def _heat_box(topo: Topology) -> Box:
     n = len(topo.nodes)
-    cell = max(12, min(40, (WIDTH - 60) // (n + 1)))
+    cell = max(12, min(40, HEAT_SIDE // (n + 1)))
     return Box("distances", "Node distances", w=60 + cell * n, h=40 + cell * n)
 
 

@@ -247,7 +247,8 @@ def _measure(box: Box, max_w: float) -> None:
         x += child.w + GAP
         row_h = max(row_h, child.h)
         widest = max(widest, x - GAP)
-    box.w = min(max_w, max(widest, label_width(box.label) + 8, _least_width(box)) + 2 * pad)
+    label = 0 if box.kind == "core" else label_width(box.label) + 8  # a core's is a tooltip
+    box.w = min(max_w, max(widest, label, _least_width(box)) + 2 * pad)
     box.h = head + y + row_h + (pad if box.children else 0)
 
 
