@@ -103,7 +103,8 @@ def _demo(scratch: Path) -> int:
             scratch_mkdir(cgroups, sample["cgroup"])
         for sample in SAMPLES:
             answer = request(socket, "POST", "/v1/workloads", json.dumps(sample))
-            print(f"\nadmitted {sample['name']}: {answer['explanation']}")
+            why = [f"  {part}" for part in answer["explanation"].split("; ")]
+            print("\n" + "\n".join([*textout.admitted(answer), *why]))
         try:
             request(socket, "POST", "/v1/workloads", json.dumps(TOO_BIG))
         except APIError as err:  # the request, what each node has free, and why not

@@ -252,3 +252,22 @@ def test_admit_and_release_a_unit(capsys: Capture, tmp_path: Path) -> None:
         ("GET", "/v1/workloads", None),
         ("DELETE", "/v1/workloads/db", None),
     ]
+
+
+def test_the_demos_rejection_gives_the_sizes() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "numad", "demo"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    block = done.stdout.split("\nhuge: rejected\n", 1)[1].split("\n\n", 1)[0]
+    assert block.splitlines() == [
+        "  cpu cannot be placed on any NUMA node (policy single-numa-node)",
+        "  main asks for 20 exclusive CPUs",
+        "  node 0 has 2 CPUs free",  # 16 less 2 reserved, 4 for inference, 8 for batch
+        "  node 1 has 16 CPUs free",
+        "  cpu fits nowhere",
+    ]

@@ -26,7 +26,7 @@ def test_the_demo_removes_its_scratch_directory(tmp_path: Path) -> None:
     tmp.mkdir()
     done = _demo(tmp)
     assert done.returncode == 0, done.stderr
-    assert "admitted batch" in done.stdout
+    assert "\nbatch: admitted; main: cpus " in done.stdout
     assert "numad.slice/inference" in done.stdout
     assert list(tmp.iterdir()) == []
 
