@@ -39,7 +39,7 @@ from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.log import configure as configure_logging
 from numad.oci_hook import add_oci_hook
-from numad.picture import svg
+from numad.picture import Holders, svg
 from numad.picture.remote import from_daemon as picture_of_daemon
 from numad.picture.remote import write as write_picture
 from numad.topology.discover import discover
@@ -178,8 +178,8 @@ def _add_topology(sub: _Subparsers) -> None:
         metavar="FILE",
         type=Path,
         help="write a picture (SVG) of the machine to FILE, every CPU coloured by who holds"
-        " it: the running daemon's holders, or, with --root/--fixture/--auto or no daemon,"
-        " the machine alone (online CPUs in the shared pool, offline CPUs marked)",
+        " it: the running daemon's holders, or, with --root/--fixture/--auto/--config or"
+        " no daemon, the machine as on a fresh start (the config's reserved CPUs)",
     )
     topo.add_argument(
         "--nrt",
@@ -188,7 +188,9 @@ def _add_topology(sub: _Subparsers) -> None:
         " JSON): from the running daemon with what it holds, else as on a fresh start",
     )
     topo.add_argument(
-        "--config", type=Path, help="config file for --nrt without a daemon (policy, reserved CPUs)"
+        "--config",
+        type=Path,
+        help="config file for --nrt and --svg without a daemon (policy, reserved CPUs)",
     )
     topo.add_argument(
         "--socket",
@@ -245,17 +247,25 @@ def _topology(args: argparse.Namespace) -> int:
 
 
 def _svg(args: argparse.Namespace) -> int:
-    """The picture: the running daemon's, else the machine alone (as with --nrt)."""
+    """The picture: the running daemon's, else the machine as on a fresh start (the
+    config's reserved CPUs, nothing held), as with --nrt."""
     socket = args.socket or defaults.SOCKET
     offline = args.fixture is not None or args.root is not None or args.auto
+    offline = offline or args.config is not None
     if not offline and os.path.exists(socket):
         text = picture_of_daemon(socket)
-    elif args.fixture is not None:
-        text = svg(_recorded_machine(args.fixture), title=Path(args.fixture).name.split(".tar")[0])
-    elif args.auto:
-        text = svg(_host_or_default(_root(args.root)))
     else:
-        text = svg(discover(HostFS(_root(args.root))))
+        title = ""
+        if args.fixture is not None:
+            topo = _recorded_machine(args.fixture)
+            title = Path(args.fixture).name.split(".tar")[0]
+        elif args.auto:
+            topo = _host_or_default(_root(args.root))
+        else:
+            topo = discover(HostFS(_root(args.root)))
+        from numad.service import reserved_offline  # noqa: PLC0415 - as in _nrt
+
+        text = svg(topo, Holders(reserved=reserved_offline(args.config, topo)), title)
     write_picture(args.svg, text)
     print(f"{args.svg}: {len(text)} bytes")
     return 0

@@ -23,16 +23,20 @@ import structlog
 from numad import notify
 from numad.api.server import Server, outcome_json
 from numad.cgroup import detect_backend
-from numad.config import Config, load
+from numad.config import Config, check_reserved, load
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.hostfs import HostFS
 from numad.instance import acquire
 from numad.livepage import LivePage
 from numad.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
+from numad.managers.cpu.static import StaticOptions, StaticPolicy
+from numad.managers.cpu.topology import CPUTopology
+from numad.restore import choose_reserved
 from numad.scratch import make_scratch_v2
 from numad.systemd_bus import Systemd
 from numad.topology.discover import discover
+from numad.topology.model import Topology
 from numad.watch import udev_events
 
 
@@ -146,6 +150,15 @@ class _NoCgroups:
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()
+
+
+def reserved_offline(config_path: Path | None, topo: Topology) -> CPUSet:
+    """The reserved CPUs numad would choose on a fresh start on ``topo`` with the config
+    at ``config_path``: what the picture of a machine without a daemon shows."""
+    config = load(config_path)
+    check_reserved(config, CPUSet(c.id for c in topo.all_cpus), len(topo.online_cpus))
+    policy = StaticPolicy(CPUTopology.from_topology(topo), StaticOptions.parse(config.cpu_options))
+    return CPUSet.from_bits(choose_reserved(config, policy, None)[0])
 
 
 def nrt_offline(config_path: Path | None, root: str | None) -> dict[str, Any]:

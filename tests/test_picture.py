@@ -255,12 +255,20 @@ def test_holders_from_the_api(
 
 
 def test_topology_svg_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a daemon: the machine as on a fresh start, the config's reserved CPUs."""
     out = tmp_path / "machine.svg"
-    assert main(["topology", "--fixture", MACHINE, "--svg", str(out)]) == 0
-    root = _parse(out.read_text())
-    assert len(_pus(root)) == 32
-    assert {e.get("class") for e in _pus(root).values()} == {"pu shared"}  # nobody holds
+    (tmp_path / "numad.toml").write_text(CONFIG)  # reserved-count = 2
+    config = ["--config", str(tmp_path / "numad.toml")]
+    assert main(["topology", "--fixture", MACHINE, "--svg", str(out), *config]) == 0
+    pus = _pus(_parse(out.read_text()))
+    assert len(pus) == 32
+    assert sorted(c for c, e in pus.items() if e.get("class") == "pu reserved") == [0, 16]
+    assert {e.get("class") for c, e in pus.items() if c not in (0, 16)} == {"pu shared"}
     assert f"{out}: " in capsys.readouterr().out
+    (tmp_path / "bad.toml").write_text('[cpu]\nreserved-cpus = "0,99"\n')
+    bad = ["--config", str(tmp_path / "bad.toml")]
+    assert main(["topology", "--fixture", MACHINE, "--svg", str(out), *bad]) == 1
+    assert "CPU 99 does not exist" in capsys.readouterr().err
     assert main(["topology", "--fixture", MACHINE, "--svg", str(tmp_path / "no" / "x.svg")]) == 1
     assert "cannot write the picture" in capsys.readouterr().err
 
