@@ -10,20 +10,21 @@ clients then talk to DIR/run/numad/numad.sock.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from numad import defaults, textout
 from numad.api.client import APIError, request
-from numad.errors import ConfigError, HostFileError, NumadError
+from numad.errors import ConfigError, HostFileError, NumadError, SpecError
 from numad.log import configure as configure_logging
 from numad.picture.remote import from_daemon as picture_of_daemon
 from numad.picture.remote import write as write_picture
 from numad.quantity import quantity
-from numad.transient import REJECTED, run_command, spec_of, workload_path
+from numad.transient import REJECTED, WORKLOAD_NAME, run_command, spec_of, workload_path
 
 _FORMATS = {
     ".json": "application/json",
@@ -75,7 +76,9 @@ def add_commands(sub: Any) -> None:
     plan.set_defaults(command=_plan)
 
     release = _client(sub, "release", "release a workload: its CPUs, memory and devices")
-    release.add_argument("name", nargs="?", metavar="NAME", help="the workload (or --unit)")
+    release.add_argument(
+        "name", nargs="?", type=_workload, metavar="NAME", help="the workload (or --unit)"
+    )
     release.add_argument("--unit", help="release the workload of this systemd unit")
     release.set_defaults(command=_release)
     for name, helptext, command in (
@@ -83,7 +86,7 @@ def add_commands(sub: Any) -> None:
         ("explain", "explain why a workload was placed where it is", _explain),
     ):
         p = _client(sub, name, helptext)
-        p.add_argument("name", metavar="NAME", help="the workload")
+        p.add_argument("name", type=_workload, metavar="NAME", help="the workload")
         if name == "show":
             p.add_argument(
                 "--svg",
@@ -154,6 +157,14 @@ def _memory(text: str) -> str:
     return text
 
 
+def _workload(text: str) -> str:
+    if not WORKLOAD_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a workload name ({WORKLOAD_NAME.pattern})"
+        )
+    return text
+
+
 def _device(text: str) -> tuple[str, int]:
     name, sep, count = text.partition("=")
     if not (sep and name and count.isdigit() and int(count) > 0):
@@ -181,6 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
     # (admit, list, release...) starts without numpy, the managers or the server.
     from numad.service import serve  # noqa: PLC0415
 
+    _check_root(args.root)
     return serve(args)
 
 
@@ -211,7 +223,8 @@ def _admit(args: argparse.Namespace) -> int:
         text, kind = json.dumps(spec_of(args, unit=args.unit)), "application/json"
         subject = args.name or args.unit
     try:
-        answer = request(_socket(args), "POST", "/v1/workloads", text, content_type=kind)
+        with _named(args.spec):
+            answer = request(_socket(args), "POST", "/v1/workloads", text, content_type=kind)
     except APIError as err:
         if err.status != 409 or err.body.get("error", {}).get("code") == "conflict":
             raise  # not a rejection: a name already admitted, an invalid spec, ...
@@ -220,6 +233,23 @@ def _admit(args: argparse.Namespace) -> int:
         return REJECTED
     _say(args, answer, textout.admitted(answer))
     return 0
+
+
+@contextlib.contextmanager
+def _named(path: Path | None) -> Iterator[None]:
+    """An error in a spec file names the file (the daemon, given text, says "spec")."""
+    try:
+        yield
+    except NumadError as err:
+        text = err.problem if isinstance(err, APIError) else str(err)
+        if path is None or not text.startswith("spec: "):
+            raise
+        raise SpecError(str(path), text.removeprefix("spec: ")) from err
+
+
+def _check_root(root: str | None) -> None:
+    if root is not None and not os.path.isdir(root):
+        raise HostFileError(root, "is not a directory", "give the root of a (recorded) tree")
 
 
 def _rejected_name(error: dict[str, Any], fallback: str) -> str:
@@ -231,16 +261,15 @@ def _rejected_name(error: dict[str, Any], fallback: str) -> str:
 def _plan(args: argparse.Namespace) -> int:
     text, kind = _read_spec(args.spec)
     if args.root is None and args.config is None and os.path.exists(_socket(args)):
-        result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
+        with _named(args.spec):
+            result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:
-        if args.root is not None and not os.path.isdir(args.root):
-            raise HostFileError(
-                args.root, "is not a directory", "give the root of a (recorded) tree"
-            )
+        _check_root(args.root)
         configure_logging(quiet=True)  # an offline start logs; the plan is the answer
         from numad.service import plan_offline  # noqa: PLC0415 - as in _serve
 
-        result = plan_offline(args.config, args.root, text, kind)
+        with _named(args.spec):
+            result = plan_offline(args.config, args.root, text, kind)
     _say(args, result, textout.plan(args.spec.name, result))
     return 0 if result["admitted"] else REJECTED
 

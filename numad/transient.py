@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -26,6 +27,9 @@ from numad.api.client import APIError, request
 from numad.errors import NumadError
 
 REJECTED = 3  # the exit status of a rejection (numad.cli's docstring lists them all)
+# numad.spec's name rule, repeated: the client does not import the managers numad.spec
+# brings, and run makes the cgroup directory before the daemon sees the name.
+WORKLOAD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 def workload_path(name: str) -> str:
@@ -64,6 +68,10 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.cmd:
         args.usage_error("give a command after --")
     name = args.name or f"run-{os.getpid()}"
+    if not WORKLOAD_NAME.fullmatch(name):  # checked before the name becomes a directory
+        args.usage_error(
+            f"argument --name: {name!r} is not a workload name ({WORKLOAD_NAME.pattern})"
+        )
     spec = spec_of(args, cgroup=f"{defaults.MANAGED_ROOT}/{name}")
     spec["name"] = name
     socket = str(args.socket or defaults.SOCKET)

@@ -6,26 +6,29 @@ Error paths covered (in-process through ``numad.cli.main`` unless marked subproc
 usage errors (exit 2; the usage of the command concerned, then ``numad: [COMMAND: ]...``):
   no command; ``numad --bogus`` (unrecognized, not "COMMAND required"); an unknown
   command; ``--bogus`` after every subcommand (its own usage, never the top-level one);
-  a missing SPEC (plan, admit); a missing NAME (show, explain); a missing OUT
-  (record-fixture); ``--cpus x`` / ``--cpus 0`` / ``--memory lots`` / ``--device gpu`` /
-  ``--device gpu=two`` / ``--device gpu=0`` / a class given twice (run, admit --unit);
-  run without a command; admit with neither or both of SPEC and --unit, ``--unit``
-  without ``--cpus``, ``--cpus`` beside a SPEC; release with neither or both of NAME and
-  --unit; topology ``--fixture`` with ``--root`` or ``--auto``.
+  a missing SPEC (plan), NAME (show, explain) or OUT (record-fixture); a NAME that is
+  no workload name ('', x/y, ..); ``--cpus x`` / ``--cpus 0`` / ``--memory lots`` /
+  ``--device gpu`` / ``--device gpu=two`` / ``--device gpu=0`` / a class given twice
+  (run, admit --unit); run without a command; run --name that is no workload name
+  (``../x``, checked before it becomes a directory); admit with neither or both of
+  SPEC and --unit, ``--unit`` without ``--cpus``, ``--cpus`` beside a SPEC; release
+  with neither or both of NAME and --unit; topology ``--fixture`` with ``--root`` or
+  ``--auto``.
 errors (exit 1, one line naming the subject):
   a missing spec file (plan, admit); a directory as spec; a spec that is not UTF-8; an
-  unknown spec format; a spec with a wrong type (cpus = "lots", offline plan); plan
-  ``--root`` that is no directory; plan with a config of a bad value, an unknown option,
-  reserved CPUs the machine lacks; a dead socket (the path exists, nobody listens) and a
-  missing socket for list, show, explain, release, host, admit, run, plan and
-  ``topology --nrt``; release --unit of a unit no workload holds (fake daemon);
-  ``topology --root`` missing; ``--fixture`` of a file that is no archive; an unknown
-  bundled machine; record-fixture into a missing directory; ``serve`` with a missing
-  config, a config of a bad value, reserved CPUs the machine lacks (subprocess); an
-  unexpected exception inside a command (one ``internal error`` line); Ctrl-C (130).
+  unknown spec format; a spec with a wrong type (cpus = [1]: the error names the
+  workload; name = 1: it names the file); plan and serve ``--root`` that is no
+  directory; plan with a config of a bad value, an unknown option, reserved CPUs the
+  machine lacks; a dead socket (the path exists, nobody listens) and a missing socket
+  for list, show, explain, release, host, admit, run, plan and ``topology --nrt``;
+  release --unit of a unit no workload holds (stand-in daemon); ``topology --root``
+  missing; ``--fixture`` of a file that is no archive; an unknown bundled machine;
+  record-fixture into a missing directory; ``serve`` with a missing config, a config of
+  a bad value, reserved CPUs the machine lacks (subprocess); an unexpected exception
+  inside a command (one ``internal error`` line); Ctrl-C (130).
 closed stdout (subprocess, stdout a pipe whose reader is gone): a long answer
-  (topology) and a client's (list against a fake daemon): exit 1, nothing on stderr;
-  --help: exit 0, nothing on stderr (argparse drops help it cannot write).
+  (topology) and a client's (list against a stand-in daemon): exit 1, nothing on
+  stderr; --help: exit 0, nothing on stderr (argparse drops help it cannot write).
 real exits (subprocess): usage 2, error 1, rejected 3 (plan of 64 CPUs on 32).
 """
 
@@ -92,6 +95,9 @@ def _usage(capsys: Capture, argv: list[str], command: str, problem: str) -> None
         pytest.param(["plan"], "plan", "required: SPEC", id="plan-no-spec"),
         pytest.param(["show"], "show", "required: NAME", id="show-no-name"),
         pytest.param(["explain"], "explain", "required: NAME", id="explain-no-name"),
+        pytest.param(["show", ""], "show", "'' is not a workload name", id="show-empty-name"),
+        pytest.param(["explain", "x/y"], "explain", "'x/y' is not a workload", id="name-slash"),
+        pytest.param(["release", ".."], "release", "'..' is not a workload", id="name-dots"),
         pytest.param(["record-fixture"], "record-fixture", "required: OUT", id="record-no-out"),
         pytest.param(["run", "--cpus", "x", "--", "true"], "run", "'x' is not a CPU", id="cpus-x"),
         pytest.param(["run", "--cpus", "0", "--", "true"], "run", "'0' is not a CPU", id="cpus-0"),
@@ -117,6 +123,12 @@ def _usage(capsys: Capture, argv: list[str], command: str, problem: str) -> None
             id="device-twice",
         ),
         pytest.param(["run", "--cpus", "2"], "run", "give a command after --", id="run-no-cmd"),
+        pytest.param(
+            ["run", "--name", "../x", "--", "true"],
+            "run",
+            "--name: '../x' is not a workload name",
+            id="run-name-escapes",
+        ),
         pytest.param(["run", "--cpus", "2", "--"], "run", "give a command", id="run-empty-cmd"),
         pytest.param(["admit"], "admit", "give a SPEC file or --unit", id="admit-neither"),
         pytest.param(
@@ -189,6 +201,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "latin1.toml").write_bytes(b'name = "caf\xe9"\n')
     (tmp_path / "spec.txt").write_text("cpus = 1\n")
     (tmp_path / "lots.toml").write_text('name = "lots"\ncgroup = "numad.slice/lots"\ncpus = [1]\n')
+    (tmp_path / "nameless.json").write_text('{"name": 1, "cpus": 1}')
     (tmp_path / "big.toml").write_text('name = "big"\ncgroup = "numad.slice/big"\ncpus = 64\n')
     (tmp_path / "notar.tar.gz").write_text("hello\n")
     (tmp_path / "policy.toml").write_text('[topology]\npolicy = "Static"\n')
@@ -211,7 +224,11 @@ def test_missing_and_unreadable_specs(capsys: Capture, files: Path) -> None:
 def test_offline_plan_errors(capsys: Capture, files: Path, machines: Machines) -> None:
     root = str(machines.root(MACHINE))
     spec = str(files / "big.toml")
-    _error(capsys, ["plan", str(files / "lots.toml"), "--root", root], "lots", "cpus")
+    lots = str(files / "lots.toml")
+    _error(capsys, ["plan", lots, "--root", root], "lots: cpus: an array is not a number", "")
+    nameless = str(files / "nameless.json")  # no workload to name: the file, not "spec"
+    _error(capsys, ["plan", nameless, "--root", root], f"{nameless}: name: expected a name", "")
+    _error(capsys, ["serve", "--root", str(files / "no")], f"{files}/no", "not a directory")
     _error(capsys, ["plan", spec, "--root", str(files / "no")], f"{files}/no", "not a directory")
     for config, subject, problem in (
         ("policy.toml", "[topology]", "policy = 'Static': not one of none, best-effort"),
