@@ -46,7 +46,7 @@ class Asked:
     devices: Mapping[str, int] = field(default_factory=dict)  # class -> count
 
     def text(self) -> str:
-        parts = [f"{self.cpus} exclusive CPUs" if self.cpus else "shared CPUs"]
+        parts = [_cpus(self.cpus, "exclusive ") if self.cpus else "shared CPUs"]
         parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items()) if b]
         parts += [f"{n} {name}" for name, n in sorted(self.devices.items()) if n]
         return f"{self.container} asks for {', '.join(parts)}"
@@ -62,7 +62,7 @@ class NodeFree:
     devices: Mapping[str, int] = field(default_factory=dict)  # class -> count
 
     def text(self) -> str:
-        parts = [f"{self.cpus} CPUs"]
+        parts = [_cpus(self.cpus)]
         parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items())]
         parts += [f"{n} {name}" for name, n in sorted(self.devices.items())]
         return f"node {self.node} has {', '.join(parts)} free"
@@ -224,10 +224,15 @@ def _names(names: Sequence[str]) -> str:
 
 
 def _bytes(n: int) -> str:
-    """Bytes in the largest binary unit that keeps them whole (as the specs write them)."""
-    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+    """Bytes as specs write them: a whole Ti, Gi or Mi where exact, else one decimal."""
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
-    if n >= 1 << 20:
-        return f"{n / (1 << 30):.1f}Gi" if n >= 1 << 30 else f"{n / (1 << 20):.1f}Mi"
+    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + unit
     return f"{n}B"
+
+
+def _cpus(n: int, kind: str = "") -> str:
+    return f"{n} {kind}CPU" if n == 1 else f"{n} {kind}CPUs"

@@ -74,24 +74,25 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
 
 
 def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
-    """``list``: one row per container, columns aligned."""
+    """``list``: one row per container, columns aligned (UNIT where any workload has one)."""
     if not workloads:
         return ["no workloads admitted"]
-    rows = [("NAME", "STATE", "CONTAINER", "CPUS", "MEMS", "DEVICES", "CGROUP")]
+    units = any(w.get("unit") for w in workloads)
+    head = ("NAME", "STATE", "CONTAINER", "CPUS", "MEMS", "DEVICES", "CGROUP")
+    rows: list[tuple[str, ...]] = [head + ("UNIT",) * units]
     for w in workloads:
         for name, c in (w.get("containers") or {}).items():
             cpus = c.get("cpus") or _NONE
-            rows.append(
-                (
-                    w.get("name", "?"),
-                    w.get("state", "?"),
-                    name,
-                    cpus if c.get("exclusive") else f"{cpus} (shared)",
-                    c.get("mems") or _NONE,
-                    _devices(c.get("devices") or {}),
-                    w.get("unit") or c.get("cgroup") or _NONE,
-                )
+            row = (
+                str(w.get("name", "?")),
+                str(w.get("state", "?")),
+                name,
+                cpus if c.get("exclusive") else f"{cpus} (shared)",
+                c.get("mems") or _NONE,
+                _devices(c.get("devices") or {}),
+                c.get("cgroup") or w.get("cgroup") or _NONE,
             )
+            rows.append(row + (str(w.get("unit") or _NONE),) * units)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()

@@ -219,7 +219,15 @@ def test_admit_and_release_a_unit(capsys: Capture, tmp_path: Path) -> None:
         "unit": "db.service",
         "cgroup": "system.slice/db.service",
         "state": "placed",
-        "containers": {"main": {"cpus": "2-3", "exclusive": True, "mems": "0", "devices": {}}},
+        "containers": {
+            "main": {
+                "cgroup": "system.slice/db.service",
+                "cpus": "2-3",
+                "exclusive": True,
+                "mems": "0",
+                "devices": {},
+            }
+        },
     }
     answers: Answers = {
         ("POST", "/v1/workloads"): (201, {"admitted": True, "workload": shown}),
@@ -234,6 +242,10 @@ def test_admit_and_release_a_unit(capsys: Capture, tmp_path: Path) -> None:
         assert (code, out) == (0, "db (unit db.service): admitted; main: cpus 2-3, mems 0\n")
         code, out, _ = _run(capsys, "admit", "--unit", "web.service", "--cpus", "500m", *sock)
         assert code == 0
+        code, out, _ = _run(capsys, "list", *sock)
+        assert out.splitlines()[1].split() == [
+            "db", "placed", "main", "2-3", "0", "-", "system.slice/db.service", "db.service"
+        ]  # fmt: skip
         code, out, _ = _run(capsys, "release", "--unit", "db.service", *sock)
         assert (code, out) == (0, "db: released\n")
     assert fake.requests == [
@@ -249,6 +261,7 @@ def test_admit_and_release_a_unit(capsys: Capture, tmp_path: Path) -> None:
             },
         ),
         ("POST", "/v1/workloads", {"unit": "web.service", "cpus": "500m"}),
+        ("GET", "/v1/workloads", None),
         ("GET", "/v1/workloads", None),
         ("DELETE", "/v1/workloads/db", None),
     ]
