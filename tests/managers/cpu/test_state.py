@@ -87,3 +87,22 @@ def test_an_existing_assignment_is_kept_and_its_hints_come_from_it() -> None:
     assert [(list(h.affinity or ()), h.preferred) for h in hints] == [([1], True), ([0, 1], False)]
     assert state.hints(policy, "w", "c", 4) == ()  # another size than assigned: cannot satisfy
     assert state.hints(policy, "w", "other", 0) is None  # no exclusive CPUs: no preference
+
+
+@pytest.mark.parametrize(
+    ("affinity", "count"),
+    [
+        pytest.param(NodeSet([0]), 12, id="aligned-part-first"),
+        pytest.param(None, 12, id="no-affinity"),
+        pytest.param(NodeSet([0, 1]), 13, id="both-nodes"),
+    ],
+)
+def test_not_enough_cpus_names_the_whole_request(affinity: NodeSet | None, count: int) -> None:
+    """The allocator takes node 0's 5 available CPUs first and would report only the 7
+    still missing (as the kubelet does); the manager names what was asked for."""
+    policy = StaticPolicy(DUAL, StaticOptions())
+    with pytest.raises(AllocationError) as caught:
+        _state(DUAL, [0]).allocate(policy, ("w", "c"), count, affinity)
+    assert caught.value.problem == (
+        f"not enough cpus available to satisfy request: requested={count}, available=11"
+    )
