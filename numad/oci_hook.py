@@ -9,14 +9,10 @@ stdin. It reads the bundle's ``config.json`` and the container process's
 container through the daemon before its process runs, and releases it after.
 It writes no host file: the daemon applies the cpuset.
 
-The request comes from the annotations ``numad.io/cpus``, ``numad.io/memory``,
-``numad.io/devices`` (``gpu=1,nic=2``) and ``numad.io/policy``, each field
-falling back to the container's cgroup limits: the CPU quota when it is a whole
-number of CPUs (the kubelet's Guaranteed rule; any other quota leaves the
-container unplaced, on the shared pool) and the memory limit. A container numad
-cannot place fails to start with one line naming it and the reason, or, with
-``--on-reject run`` or the annotation ``numad.io/on-reject: run``, starts
-unplaced after a warning.
+The request: the ``numad.io/`` annotations, each falling back to the cgroup
+limits (the CPU quota when it is a whole number of CPUs, the kubelet's
+Guaranteed rule; the memory limit). A container numad cannot place fails to
+start with one line saying why, or runs unplaced (``--on-reject run``).
 """
 
 from __future__ import annotations
@@ -120,8 +116,8 @@ def add_oci_hook(sub: Any) -> None:
 def _hook(args: argparse.Namespace) -> int:
     try:
         container = read_container(sys.stdin.read(_MAX_STATE + 1))
-    except NumadError as err:  # nothing to name yet: the hook's own choice applies
-        return refuse("numad oci-hook", args.on_reject, str(err))
+    except NumadError as err:  # no container to name yet: the hook's own choice applies
+        return refuse("oci-hook", args.on_reject, str(err))
     socket = str(args.socket or defaults.SOCKET)
     stage = args.stage
     if stage == "auto":
@@ -152,20 +148,15 @@ def read_container(text: str) -> Container:
         raise ConfigError(subject, "no container id", "a runtime passes the state as JSON")
     if not isinstance(bundle, str) or not bundle.startswith("/"):
         raise ConfigError(subject, f"container {cid[:12]}: no absolute bundle path")
-    pid = state.get("pid", 0)
-    path = Path(bundle, "config.json")
+    pid, path = state.get("pid", 0), Path(bundle, "config.json")
     try:
         config = _json_object(path.read_text(encoding="utf-8"), str(path))
     except OSError as err:
         raise ConfigError(str(path), f"cannot read: {err.strerror}") from err
     annotations = {**_strings(config.get("annotations")), **_strings(state.get("annotations"))}
+    status = status if isinstance(status, str) else ""
     return Container(
-        id=cid,
-        status=status if isinstance(status, str) else "",
-        pid=pid if type(pid) is int and pid > 0 else 0,
-        bundle=bundle,
-        annotations=annotations,
-        config=config,
+        cid, status, pid if type(pid) is int and pid > 0 else 0, bundle, annotations, config
     )
 
 
@@ -189,10 +180,8 @@ def on_reject(container: Container, default: str) -> str:
     """What to do with a container numad cannot place: its annotation, else the hook's."""
     chosen = container.annotations.get(PREFIX + "on-reject", default)
     if chosen not in (FAIL, RUN):
-        raise SpecError(
-            container.subject,
-            f"annotation {PREFIX}on-reject: {chosen!r} is not {FAIL} or {RUN}",
-        )
+        problem = f"annotation {PREFIX}on-reject: {chosen!r} is not {FAIL} or {RUN}"
+        raise SpecError(container.subject, problem)
     return chosen
 
 
@@ -377,11 +366,8 @@ def release(container: Container, socket: str) -> int:
         path = container.section("linux").get("cgroupsPath")
         expected = _from_cgroups_path(path) if isinstance(path, str) and path else held
         if held != expected:
-            print(
-                f"numad: {container.subject}: {name} is on cgroup {held}, not {expected};"
-                " left in place",
-                file=sys.stderr,
-            )
+            left = f"{name} is on cgroup {held}, not {expected}; left in place"
+            print(f"numad: {container.subject}: {left}", file=sys.stderr)
             return 0
         request(socket, "DELETE", f"/v1/workloads/{name}")
     except APIError as err:

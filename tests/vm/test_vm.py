@@ -52,6 +52,8 @@ def test_numad_on_a_real_kernel(
         memory_mib=topology.memory_mib,
         cgroup=cgroup,
         files={"expected.json": json.dumps(expected)},
+        # runc and four hook runs take 30-45 s under TCG on a loaded host
+        timeout=harness.VM_TIMEOUT + (60 if oci else 0),
     )
     record_property(progress.VM_SECONDS, result.seconds)  # for the line printed as it ends
     print(f"{machine} on {line} ({cgroup}): {result.seconds:.1f} s in the VM")

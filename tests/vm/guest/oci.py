@@ -10,6 +10,7 @@ initramfs, where pivot_root is refused (EINVAL on the rootfs mount), so runc run
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -79,6 +80,8 @@ def bundle(base: Path, cid: str, cgroup: str, annotations: dict[str, str]) -> Bu
         (bin_dir / tool).symlink_to("busybox")
     env = [f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", "LANG=C.UTF-8"]
     env.append("PYTHONDONTWRITEBYTECODE=1")  # the project is a read-only share
+    if "PYTHONPATH" in os.environ:  # a runtime passes the hook no environment of its own
+        env.append(f"PYTHONPATH={os.environ['PYTHONPATH']}")
     config = {
         "ociVersion": "1.0.2",
         "process": {
