@@ -10,7 +10,7 @@ No input ends in a traceback: every error is one line on stderr,
     0  done (``plan``: the spec would be admitted)
     1  an error: a file, the daemon's socket, the daemon's answer, the machine
     2  a usage error: the command's usage, then one ``numad: COMMAND: ...`` line
-    3  rejected: ``plan`` or ``admit`` of a spec the machine cannot hold now
+    3  rejected: ``plan``, ``admit`` or ``run`` of a workload the machine cannot hold now
     130  interrupted (Ctrl-C)
 
 ``numad run`` exits with its command's status (128+N for a signal N). A
@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="numad",
         description="A NUMA resource manager for Linux hosts.",
-        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit).",
+        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run).",
     )
     parser.add_argument("--version", action="version", version=f"numad {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")

@@ -62,7 +62,7 @@ def add_commands(sub: Any) -> None:
         help="a workload spec (.toml, .json) or a Pod manifest (.yaml); or, instead, --unit",
     )
     admit.add_argument("--unit", help="admit this systemd unit (e.g. db.service) with the options")
-    _request_options(admit, cpus_default=None)
+    _request_options(admit, cpus_default=None, name_default="from the unit's name")
     admit.set_defaults(command=_admit)
 
     plan = _client(sub, "plan", "show what admitting a spec would do (admits nothing)")
@@ -104,21 +104,28 @@ def add_commands(sub: Any) -> None:
         help="run a command in a transient workload, released when it exits",
         description="Admit a transient workload, run CMD in its cgroup, release it when "
         "CMD exits (or numad run is interrupted); exit with CMD's status.",
+        usage="numad run [-h] [--cpus N] [--memory SIZE] [--device CLASS=N]\n"
+        "                 [--policy POLICY] [--name NAME] [--socket PATH] -- CMD [ARG ...]",
     )
-    _request_options(run, cpus_default=1)
+    _request_options(run, cpus_default=1, name_default="run-PID")
     run.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command")
+    run.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after --, as given"
+    )
     run.set_defaults(command=run_command)
 
 
 def _client(sub: Any, name: str, helptext: str) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, help=helptext, description=helptext + ".")
+    described = helptext[0].upper() + helptext[1:] + "."
+    p: argparse.ArgumentParser = sub.add_parser(name, help=helptext, description=described)
     p.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
     p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
     return p
 
 
-def _request_options(p: argparse.ArgumentParser, cpus_default: int | None) -> None:
+def _request_options(
+    p: argparse.ArgumentParser, cpus_default: int | None, name_default: str
+) -> None:
     p.add_argument(
         "--cpus",
         type=_cpus,
@@ -136,8 +143,12 @@ def _request_options(p: argparse.ArgumentParser, cpus_default: int | None) -> No
         metavar="CLASS=N",
         help="N devices of a class from the config (repeatable)",
     )
-    p.add_argument("--policy", help="the topology policy for this workload (default: the host's)")
-    p.add_argument("--name", help="the workload's name (default: from the unit, or run-PID)")
+    p.add_argument(
+        "--policy",
+        help="the topology policy for this workload: none, best-effort, restricted or "
+        "single-numa-node (default: the host's)",
+    )
+    p.add_argument("--name", help=f"the workload's name (default: {name_default})")
 
 
 def _cpus(text: str) -> int | str:
