@@ -151,6 +151,9 @@ class Isolation:
         return self.cgroups
 
     def exists(self, path: str) -> bool:
+        unit = self._workload_unit(path)
+        if unit is not None:
+            return self._runs_in(unit, path)
         return self._backend(path).exists(path)
 
     def ensure(self, path: str) -> None:
@@ -222,13 +225,23 @@ class Isolation:
                 continue
             assert self.systemd is not None
             try:
-                if self._backend(t.path).exists(t.path):
+                if self.exists(t.path):
                     continue
                 self.systemd.set_allowed(unit, CPUSet.from_bits(t.cpus), t.mems, runtime=True)
             except NumadError as err:
                 self.log.warning("unit_preset_failed", unit=unit, problem=str(err))
                 continue
             self.presets[t.path] = (t.cpus, t.mems)
+
+    def _runs_in(self, unit: str, path: str) -> bool:
+        """Whether the unit runs in cgroup ``path``, as systemd says. Not whether the
+        directory is there: a cgroup the kernel would not remove at a stop (busy with
+        exiting tasks) stays behind, and systemd applies nothing to it."""
+        assert self.systemd is not None
+        try:
+            return self.systemd.control_group(unit) == "/" + path
+        except NumadError as err:
+            raise CgroupError(path, f"cannot ask systemd about {unit}: {err}") from err
 
     def _workload_unit(self, path: str) -> str | None:
         """The workload's unit, where numad writes it through systemd (v2 only)."""
@@ -264,7 +277,7 @@ class Isolation:
             self.systemd.set_allowed(unit, cpus, mems, runtime=True)
         except NumadError as err:
             raise CgroupError(path, f"systemd refused AllowedCPUs= for {unit}: {err}") from err
-        if cpus is None or not self._backend(path).exists(path):
+        if cpus is None or not self.exists(path):
             return
         deadline = time.monotonic() + APPLY_SECONDS
         delay = 0.005
@@ -381,42 +394,3 @@ def host_parts(cgroups: object) -> dict[str, Any]:
         return kind(root, tops, emulate_kernel=emulate)
 
     return {"root": root, "host_backend": fenced, "v1": kind is CgroupV1Backend}
-
-
-PF_KTHREAD = 0x00200000  # include/linux/sched.h: this task is a kernel thread
-
-
-def unmovable(root: Path | None, exclusive: CPUSet, proc: Path = Path("/proc")) -> dict[str, Any]:
-    """What still may run on exclusive CPUs and numad cannot move: the tasks of the
-    root cgroup (kernel threads, and any process left there: no cpuset applies to
-    the root), listed with their name and allowed CPUs where ``/proc`` shows them
-    (the unit's ProtectProc=invisible hides kernel threads: those are counted)."""
-    found: list[dict[str, Any]] = []
-    hidden = 0
-    pids: list[int] = []
-    if root is not None and exclusive:
-        with contextlib.suppress(OSError, ValueError):
-            pids = [int(p) for p in (root / "cgroup.procs").read_text().split()]
-    for pid in pids:
-        try:
-            stat = (proc / str(pid) / "stat").read_text()
-            status = (proc / str(pid) / "status").read_text()
-        except OSError:
-            hidden += 1  # gone, or hidden from numad
-            continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
-        flags = int(rest.split()[6])  # field 9 of /proc/PID/stat (proc(5))
-        allowed = next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in status.splitlines()
-                if line.startswith("Cpus_allowed_list:")
-            ),
-            "",
-        )
-        cpus = CPUSet.parse_list(allowed)
-        if not cpus & exclusive:
-            continue
-        kernel = bool(flags & PF_KTHREAD)
-        found.append({"pid": pid, "name": name, "kernel_thread": kernel, "cpus": str(cpus)})
-    return {"tasks": found, "not_shown": hidden}

@@ -15,12 +15,13 @@ from numad.config import Config
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError, WorkloadError
 from numad.irqs import IrqAffinity
-from numad.isolation import Isolation, unmovable
+from numad.isolation import Isolation
 from numad.metrics import Metrics
 from numad.migration import Migrations
 from numad.nrt import nrt_object
 from numad.spec import WorkloadSpec
 from numad.topology.model import Topology
+from numad.unmovable import unmovable
 
 
 class Views:

@@ -15,8 +15,9 @@ from numad.cgroup.v2 import CgroupV2Backend
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import CgroupError
-from numad.systemd_bus import SystemdError
 from numad.scratch import scratch_mkdir
+from numad.systemd_bus import SystemdError
+from numad.unmovable import unmovable
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
 
 
@@ -189,6 +190,7 @@ class FakeSystemd:
         self.calls: list[tuple[str, str]] = []
         self.tree = tree
         self.broken = False
+        self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
 
     def unit(self, name: str) -> str | None:
         return f"/org/freedesktop/systemd1/unit/{name}" if name in self.units else None
@@ -199,7 +201,12 @@ class FakeSystemd:
         return f"/org/freedesktop/systemd1/unit/{name}"
 
     def running(self, name: str) -> bool:
-        return (self.tree / self.units[name].lstrip("/")).is_dir()
+        return name not in self.stopped and (self.tree / self.units[name].lstrip("/")).is_dir()
+
+    def stop(self, name: str) -> None:
+        """A stop whose cgroup the kernel would not remove (busy with exiting tasks):
+        the directory stays, and systemd no longer calls it the unit's."""
+        self.stopped.add(name)
 
     def control_group(self, name: str) -> str | None:
         """As systemd: a unit has a control group only while it runs."""
@@ -225,6 +232,7 @@ class FakeSystemd:
 
     def start(self, name: str) -> None:
         """A unit's start: its cgroup made, and what is set applied to it at once."""
+        self.stopped.discard(name)
         scratch_mkdir(self.tree, self.units[name].lstrip("/"))
         self.apply(name, self.allowed_cpus[name], self.allowed_mems[name] or None)
 
@@ -290,7 +298,7 @@ def test_what_cannot_be_moved_is_listed_not_hidden(tmp_path: Path) -> None:
         rest = " ".join(["S", "0", "0", "0", "0", "-1", str(flags)] + ["0"] * 40)
         (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) {rest}\n")
         (proc / str(pid) / "status").write_text(f"Name:\t{comm}\nCpus_allowed_list:\t{allowed}\n")
-    found = isolation.unmovable(root, CPUSet.parse_list("4-5"), proc)
+    found = unmovable(root, CPUSet.parse_list("4-5"), proc)
     assert found == {
         "tasks": [
             {"pid": 2, "name": "kthreadd", "kernel_thread": True, "cpus": "0-31"},
@@ -298,7 +306,7 @@ def test_what_cannot_be_moved_is_listed_not_hidden(tmp_path: Path) -> None:
         ],
         "not_shown": 1,  # pid 77: gone, or hidden by ProtectProc=invisible
     }
-    assert isolation.unmovable(root, CPUSet(), proc) == {"tasks": [], "not_shown": 0}
+    assert unmovable(root, CPUSet(), proc) == {"tasks": [], "not_shown": 0}
 
 
 def test_the_host_view_shows_each_isolated_cgroup_and_how(

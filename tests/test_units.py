@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from numad import isolation
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import Daemon
 from numad.errors import SpecError
@@ -118,6 +119,25 @@ def test_a_unit_is_followed_across_stop_and_start(machines: Machines, tmp_path: 
     daemon.reconcile()
     assert _placement(daemon, name) == placed
     assert not daemon.problems
+
+
+def test_a_cgroup_left_behind_by_a_stop_is_not_the_units(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd applies nothing to a directory the kernel kept at a stop: numad must not
+    wait on it (each pass would stall APPLY_SECONDS and flag a failed write)."""
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    placed = _placement(daemon, name)
+    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
+    fake.stop("pg.service")
+    (_tree(daemon) / "db.slice/pg.service/cpuset.cpus").write_text("")  # the kernel's own
+    daemon.enforcer.written.clear()  # every cgroup written again, as after a restart
+    daemon.reconcile()
+    assert not daemon.problems, daemon.problems
+    assert fake.allowed("pg.service") == placed
+    fake.start("pg.service")
+    assert _held(daemon, "db.slice/pg.service") == placed
 
 
 def test_a_unit_admitted_while_stopped_starts_on_its_placement(

@@ -202,9 +202,9 @@ def _spec_file(name: str, **fields: Any) -> str:
 
 
 def admit(name: str, **fields: Any) -> dict[str, Any]:
-    """Admit a spec through the CLI (``numad admit FILE``); the decision it printed."""
+    """Admit a spec through the CLI (``numad admit --json FILE``); the decision it printed."""
     out: dict[str, Any] = json.loads(
-        _numad("admit", _spec_file(name, **fields), "--socket", SOCKET)
+        _numad("admit", "--json", _spec_file(name, **fields), "--socket", SOCKET)
     )
     return out
 
@@ -329,7 +329,7 @@ def test_pci_device_class_goes_with_its_node(numad: Daemon) -> None:
     pid = start_in("dev")
     if EXPECT["pci"] is None:
         spec = _spec_file("dev", cpus=1, devices={"rng": 1})
-        out = _numad("admit", spec, "--socket", SOCKET, check=False)
+        out = _numad("admit", "--json", spec, "--socket", SOCKET, check=False)
         assert "rng" in out  # no such device on this machine: rejected, naming the class
         assert "dev" not in {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}
         return
@@ -347,6 +347,7 @@ def test_rejected_workload_leaves_no_trace(numad: Daemon) -> None:
     widest = max(len(node_cpus(int(n))) for n in EXPECT["nodes"])
     out = _numad(
         "admit",
+        "--json",
         _spec_file("huge", cpus=widest + 1, policy="single-numa-node"),
         "--socket",
         SOCKET,
