@@ -238,8 +238,9 @@ class Isolation:
         directory is there: a cgroup the kernel would not remove at a stop (busy with
         exiting tasks) stays behind, and systemd applies nothing to it."""
         assert self.systemd is not None
-        try:
-            return self.systemd.control_group(unit) == "/" + path
+        try:  # a stopped unit may be unloaded (systemd's GC): it runs nowhere then
+            loaded = self.systemd.unit(unit) is not None
+            return loaded and self.systemd.control_group(unit) == "/" + path
         except NumadError as err:
             raise CgroupError(path, f"cannot ask systemd about {unit}: {err}") from err
 

@@ -191,25 +191,34 @@ class FakeSystemd:
         self.tree = tree
         self.broken = False
         self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
+        self.unloaded: set[str] = set()  # stopped and unloaded by systemd's GC
 
     def unit(self, name: str) -> str | None:
-        return f"/org/freedesktop/systemd1/unit/{name}" if name in self.units else None
+        known = name in self.units and name not in self.unloaded
+        return f"/org/freedesktop/systemd1/unit/{name}" if known else None
 
     def load(self, name: str) -> str:
         if name not in self.units:
             raise SystemdError(name, "systemd cannot load it (LoadState=not-found)")
+        self.unloaded.discard(name)
         return f"/org/freedesktop/systemd1/unit/{name}"
 
     def running(self, name: str) -> bool:
         return name not in self.stopped and (self.tree / self.units[name].lstrip("/")).is_dir()
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, *, unload: bool = False) -> None:
         """A stop whose cgroup the kernel would not remove (busy with exiting tasks):
-        the directory stays, and systemd no longer calls it the unit's."""
+        the directory stays, and systemd no longer calls it the unit's; ``unload``:
+        then systemd's GC unloads the unit, as it does an unreferenced inactive one."""
         self.stopped.add(name)
+        if unload:
+            self.unloaded.add(name)
 
     def control_group(self, name: str) -> str | None:
-        """As systemd: a unit has a control group only while it runs."""
+        """As systemd: a unit has a control group only while it runs; asking about
+        a unit that is not loaded is an error."""
+        if name in self.unloaded:
+            raise SystemdError(name, "cannot read ControlGroup: systemd has no such unit loaded")
         return self.units[name] if name in self.units and self.running(name) else None
 
     def slice(self, name: str) -> str:
@@ -233,6 +242,7 @@ class FakeSystemd:
     def start(self, name: str) -> None:
         """A unit's start: its cgroup made, and what is set applied to it at once."""
         self.stopped.discard(name)
+        self.unloaded.discard(name)
         scratch_mkdir(self.tree, self.units[name].lstrip("/"))
         self.apply(name, self.allowed_cpus[name], self.allowed_mems[name] or None)
 

@@ -121,16 +121,18 @@ def test_a_unit_is_followed_across_stop_and_start(machines: Machines, tmp_path: 
     assert not daemon.problems
 
 
+@pytest.mark.parametrize("unload", [False, True], ids=["loaded", "unloaded"])
 def test_a_cgroup_left_behind_by_a_stop_is_not_the_units(
-    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unload: bool
 ) -> None:
     """systemd applies nothing to a directory the kernel kept at a stop: numad must not
-    wait on it (each pass would stall APPLY_SECONDS and flag a failed write)."""
+    wait on it (each pass would stall APPLY_SECONDS and flag a failed write), nor fail
+    to ask about a unit systemd has unloaded since (both seen on Linux 6.12)."""
     daemon, fake = _daemon(machines, tmp_path, "pg.service")
     name = _admit(daemon, unit="pg.service", cpus=4)
     placed = _placement(daemon, name)
     monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
-    fake.stop("pg.service")
+    fake.stop("pg.service", unload=unload)
     (_tree(daemon) / "db.slice/pg.service/cpuset.cpus").write_text("")  # the kernel's own
     daemon.enforcer.written.clear()  # every cgroup written again, as after a restart
     daemon.reconcile()
