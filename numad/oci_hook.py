@@ -33,6 +33,7 @@ from numad.api.client import APIError, request
 from numad.errors import CgroupError, ConfigError, NumadError, SpecError, WorkloadError
 from numad.hostfs import HostFS
 from numad.quantity import is_whole, quantity
+from numad.units import slice_cgroup
 
 PREFIX = "numad.io/"
 KEYS = ("cpus", "memory", "devices", "policy", "on-reject")
@@ -301,12 +302,7 @@ def _from_cgroups_path(path: str) -> str:
         return path.strip("/")
     name = match["name"]
     unit = name if name.endswith(".slice") else f"{match['prefix']}-{name}.scope".lstrip("-")
-    parent = match["slice"] or "system.slice"
-    if parent == "-.slice":
-        return unit
-    words = parent.removesuffix(".slice").split("-")
-    slices = ["-".join(words[: i + 1]) + ".slice" for i in range(len(words))]
-    return "/".join([*slices, unit])
+    return "/".join(p for p in (slice_cgroup(match["slice"] or "system.slice"), unit) if p)
 
 
 # -- admit and release ----------------------------------------------------------------------
