@@ -21,6 +21,7 @@ import itertools
 import os
 import socket
 import struct
+import threading
 import time
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -160,12 +161,18 @@ class _Stream:
 
 
 class Systemd:
-    """A connection to systemd's manager; build it with ``Systemd.connect``."""
+    """A connection to systemd's manager; build it with ``Systemd.connect``. Calls
+    from several threads take turns (the enforcer's and the memory mover's). A stream
+    that failed is closed, and the next call connects again."""
 
-    def __init__(self, stream: _Stream, address: str, timeout: float) -> None:
+    def __init__(
+        self, stream: _Stream, address: str, timeout: float, *, path: str, peer: bool
+    ) -> None:
         self._stream: _Stream | None = stream
         self.address = address
         self.timeout = timeout
+        self._path, self._peer = path, peer
+        self._turn = threading.RLock()  # one call at a time on the stream (Hello nests)
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -188,7 +195,7 @@ class Systemd:
                     stream = _Stream.open(path, timeout, peer=peer)
                 except (OSError, ValueError):  # unreachable, or refused at authentication
                     continue
-                systemd = cls(stream, addr, timeout)
+                systemd = cls(stream, addr, timeout, path=path, peer=peer)
                 if peer or systemd._hello():
                     return systemd
         return None
@@ -294,10 +301,25 @@ class Systemd:
     def _call(self, name: str, message: Message) -> Message:
         """The reply to ``message``; a lost or stalled connection raises and is closed."""
         member = message.header.fields.get(HeaderFields.member)
-        if self._stream is None:
-            raise SystemdError(name, f"cannot call {member}: the connection is closed")
+        with self._turn:
+            if self._stream is None:
+                self._reconnect(name, member)
+            assert self._stream is not None
+            return self._exchange(name, member, self._stream, message)
+
+    def _reconnect(self, name: str, member: object) -> None:
+        """A new stream where the last one failed (it may have held half a call)."""
         try:
-            reply: Message = self._stream.call(message, time.monotonic() + self.timeout)
+            self._stream = _Stream.open(self._path, self.timeout, peer=self._peer)
+        except (OSError, ValueError) as err:
+            problem = f"cannot call {member}: the connection to {self.address} is lost ({err})"
+            raise SystemdError(name, problem) from err
+        if not self._peer and not self._hello():
+            raise SystemdError(name, f"cannot call {member}: {self.address} refused Hello")
+
+    def _exchange(self, name: str, member: object, stream: _Stream, message: Message) -> Message:
+        try:
+            reply: Message = stream.call(message, time.monotonic() + self.timeout)
         except TimeoutError as err:
             self.close()
             problem = f"no reply to {member} from {self.address} within {self.timeout:g} s"

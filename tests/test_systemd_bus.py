@@ -287,9 +287,31 @@ def test_stalled_peer_times_out(fake: FakeSystemd, systemd: Systemd) -> None:
     with pytest.raises(SystemdError, match=r"^web\.service: no reply to GetUnit .* within 2 s"):
         systemd.unit("web.service")
     assert time.monotonic() - start < systemd.timeout + 2
-    # The stream may hold half a call now: it is closed, not reused.
-    with pytest.raises(SystemdError, match="the connection is closed"):
+    # The stream may hold half a call now: it is closed, not reused; the next call
+    # connects again, and fails while systemd still does not answer.
+    with pytest.raises(SystemdError, match=r"the connection to .* is lost"):
         systemd.unit("web.service")
+    fake.stall.clear()
+    assert systemd.unit("web.service") == object_path("web.service")
+
+
+def test_threads_take_turns_on_one_connection(systemd: Systemd) -> None:
+    """The enforcer and the memory mover call from their own threads: each call must
+    get its own reply (interleaved on one stream, one thread would read the other's)."""
+    names = ["web.service", "idle.service", "work.slice"]
+    wrong: list[str] = []
+
+    def ask(name: str) -> None:
+        for _ in range(50):
+            if systemd.unit(name) != object_path(name):
+                wrong.append(name)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not wrong
 
 
 def test_stalled_authentication_gives_none(fake: FakeSystemd) -> None:
