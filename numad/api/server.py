@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from numad.admission import Outcome
+from numad.api.client import check_socket_path
 from numad.errors import CheckpointError, NumadError, WorkloadError
 from numad.listener import BoundedHandler, BoundedServer, Limits
 from numad.metrics import Metrics
@@ -274,6 +275,7 @@ class Server(BoundedServer, socketserver.UnixStreamServer):
 
     def __init__(self, path: str, daemon: Backend, limits: Limits = API_LIMITS) -> None:
         self.daemon = daemon
+        check_socket_path(path)
         if os.path.exists(path):
             os.unlink(path)  # a stale socket from a previous run
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
