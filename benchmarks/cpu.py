@@ -19,7 +19,7 @@ full-pcpus-only), and a NUMA affinity: none for a quarter of the samples (no
 Topology Manager), otherwise the best-effort merge of the CPU provider's
 hints, as the Topology Manager would hand it to Allocate. The hint list passed
 to the merge keeps only the narrowest width that has a hint: with a single
-provider no wider hint can win (numad.merge steps 1 and 2), and it spares the
+provider no wider hint can win (numad.placement.merge steps 1 and 2), and it spares the
 2^16 masks the full list has at 16 nodes.
 
 Timed: one ``StaticPolicy.allocate(available, count, affinity)`` per sample,
@@ -48,10 +48,10 @@ from dataclasses import dataclass
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
-from numad.hints import Hint
-from numad.managers.cpu.static import StaticOptions, StaticPolicy
-from numad.managers.cpu.topology import CPUInfo, CPUTopology, bits
-from numad.policy import Machine, Policy, PolicyOptions, merge
+from numad.placement.hints import Hint
+from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
+from numad.placement.managers.cpu.topology import CPUInfo, CPUTopology, bits
+from numad.placement.policy import Machine, Policy, PolicyOptions, merge
 
 MAX_TAKEN = 0.6  # share of the machine already taken, drawn uniformly from 0 to this
 SINGLE_THREAD_SHARE = 0.1  # share of taken cores of which only one thread is taken

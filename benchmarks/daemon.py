@@ -60,12 +60,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from numad.api.client import request
+from numad.cli.client import request
+from numad.cli.demo import CONFIG as DEMO_CONFIG
+from numad.cli.demo import MACHINE
 from numad.cpuset import CPUSet
-from numad.demo import CONFIG as DEMO_CONFIG
-from numad.demo import MACHINE
 from numad.errors import NumadError
-from numad.scratch import scratch_mkdir
+from numad.host.scratch import scratch_mkdir
 from numad.topology.record import load_fixture
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"

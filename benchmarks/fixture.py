@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from numad.cli import DEFAULT_MACHINE
+from numad.cli.main import DEFAULT_MACHINE
 
 TARGET_S = 1.0
 

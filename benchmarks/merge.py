@@ -14,12 +14,12 @@ exactly as wide. Shape A: every request needs half the machine (a preferred
 answer exists). Shape B: device, cpu and memory need half - 1, half and
 half + 1 nodes (no preferred answer). Both run under best-effort and restricted.
 
-Each provider's answer is given twice: described (numad.hintspace, what
+Each provider's answer is given twice: described (numad.placement.hintspace, what
 numad's providers hand the merge since issue 14: one amount per node, the
-request, the preferred width; merged by search, numad.search) and listed
-(the kubelet's lists, folded by numad.merge; up to 16 nodes, where 2^N masks
+request, the preferred width; merged by search, numad.placement.search) and listed
+(the kubelet's lists, folded by numad.placement.merge; up to 16 nodes, where 2^N masks
 per list can still be built). Both must give the same decision. Only
-``numad.policy.merge`` is timed (the answers are built beforehand); each
+``numad.placement.policy.merge`` is timed (the answers are built beforehand); each
 point runs until it has enough runs and enough total time, or hits its time
 cap. At 4 and 6 nodes the plain enumeration of tests/plain_merge.py runs on
 the same inputs: its time, the ratio, and a check that both give the same
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numad.cpuset import NodeSet
-from numad.hints import Hint, ProviderHints
-from numad.hintspace import HintSpace
-from numad.policy import Decision, Machine, Policy, PolicyOptions, merge
+from numad.placement.hints import Hint, ProviderHints
+from numad.placement.hintspace import HintSpace
+from numad.placement.policy import Decision, Machine, Policy, PolicyOptions, merge
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -288,7 +288,8 @@ def main() -> None:
     for shape in SHAPES:
         print(f"  shape {shape.name}: {shape.about}")
     print(
-        f"  numad.policy.merge only (answers prebuilt); per point >= {budget.min_runs} runs "
+        f"  numad.placement.policy.merge only (answers prebuilt);"
+        f" per point >= {budget.min_runs} runs "
         f"and >= {budget.min_seconds:g} s, capped at {budget.max_seconds:g} s\n"
     )
     points: list[Point] = []

@@ -85,13 +85,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def anon(path: Path) -> dict[int, int]:
-    from numad.pages import read_anon_by_node  # noqa: PLC0415 - guest only
+    from numad.host.pages import read_anon_by_node  # noqa: PLC0415 - guest only
 
     return read_anon_by_node(path) or {}
 
 
 def guest(mib: int) -> int:
-    from numad.api.client import request  # noqa: PLC0415 - guest only
+    from numad.cli.client import request  # noqa: PLC0415 - guest only
 
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "numad.toml").write_text(CONFIG)

@@ -14,7 +14,7 @@ Machines (recorded or synthetic sysfs trees of fixtures/sysfs, unpacked with
   memory-only GPU-memory nodes, 4 GPUs);
 * 64 nodes: 256intel64-64n2co2t-sgiuvlike (synthetic, 8 NICs).
 
-Engine and books are built as ``Daemon.start`` builds them (numad.daemon):
+Engine and books are built as ``Daemon.start`` builds them (numad.daemon.root):
 discovery, the static CPU policy with the default config's reserved CPU, the
 memory manager on (static memory policy), the topology policy best-effort and
 container scope. Device classes follow each machine's PCI devices (GPUs: PCI
@@ -35,7 +35,7 @@ those occupied books,
 each timed sample is one pod of one container asking for 2-16 exclusive CPUs
 (capped by the free ones), 1-4 GiB of memory, 64-512 MiB of 2 MiB hugepages
 (where there are pages) and one device: one whole
-``numad.admission.admit(engine, books, pod)`` call (hint generation, the merge
+``numad.placement.admission.admit(engine, books, pod)`` call (hint generation, the merge
 by search, allocation), under best-effort and under restricted. The new books
 are checked and dropped, so every sample sees the same half-full state.
 
@@ -43,7 +43,7 @@ Every admitted pod is checked (exit 1 if wrong): exactly the CPUs asked for,
 all of them free before; the device free before; memory blocks of exactly the
 amounts asked for, no node over its allocatable amount; under restricted, a
 preferred merge. After each timed call an untimed one counts the search's
-steps and whether it ran out of its budget (numad.search BUDGET; the merge
+steps and whether it ran out of its budget (numad.placement.search BUDGET; the merge
 then falls back to the fold or the documented rule).
 
 Beside each machine: the kubelet's enumeration for the same pod, one hint list
@@ -77,20 +77,27 @@ from pathlib import Path
 from types import MappingProxyType
 from unittest import mock
 
-import numad.policy
-from numad.admission import Books, ContainerRequest, Engine, Outcome, WorkloadRequest, admit
-from numad.config import Config
+import numad.placement.policy
 from numad.cpuset import CPUSet
+from numad.daemon.config import Config
+from numad.daemon.restore import choose_reserved, distances
 from numad.hostfs import HostFS
-from numad.managers.cpu.state import CPUState
-from numad.managers.cpu.static import StaticOptions, StaticPolicy
-from numad.managers.cpu.topology import CPUTopology
-from numad.managers.device import Device, DeviceClass, DeviceInventory, DeviceState
-from numad.managers.memory import MEMORY, MemoryState, MemoryTable
-from numad.merge import Merged
-from numad.policy import Machine, Policy, check_machine, parse_options
-from numad.restore import choose_reserved, distances
-from numad.search import Search, SearchBudgetError
+from numad.placement.admission import (
+    Books,
+    ContainerRequest,
+    Engine,
+    Outcome,
+    WorkloadRequest,
+    admit,
+)
+from numad.placement.managers.cpu.state import CPUState
+from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
+from numad.placement.managers.cpu.topology import CPUTopology
+from numad.placement.managers.device import Device, DeviceClass, DeviceInventory, DeviceState
+from numad.placement.managers.memory import MEMORY, MemoryState, MemoryTable
+from numad.placement.merge import Merged
+from numad.placement.policy import Machine, Policy, check_machine, parse_options
+from numad.placement.search import Search, SearchBudgetError
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 from numad.topology.record import load_fixture
@@ -430,7 +437,7 @@ def sample(
         reason = outcome.reason.value if outcome.reason else "?"
         into.reasons[f"{reason}: {outcome.detail}" if outcome.detail else reason] += 1
     _Audit.runs = []
-    with mock.patch.object(numad.policy, "Search", _Audit):
+    with mock.patch.object(numad.placement.policy, "Search", _Audit):
         admit(engine, books, request)
     into.steps.extend(steps for steps, _ in _Audit.runs)
     into.budget_hits += sum(1 for _, hit in _Audit.runs if hit)

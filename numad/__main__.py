@@ -1,5 +1,5 @@
 """``python -m numad``: the ``numad`` command."""
 
-from numad.cli import main
+from numad.cli.main import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The fault campaign: a seeded simulation that drives a real daemon through random
 steps and injected faults, and checks numad's promises after every cgroup write.
 
-The daemon is the real one (``numad.service.build``) on a copy of a recorded
+The daemon is the real one (``numad.daemon.service.build``) on a copy of a recorded
 machine with a scratch cgroup v2 tree; only the cgroup backend is wrapped, to
 record every write, inject failures and crashes, and check the invariants
 after each write. A crash is a ``Crash`` (a BaseException no numad code
@@ -39,14 +39,15 @@ from typing import Any
 
 import structlog
 
-from numad import durable, state
-from numad.cgroup.v2 import CgroupV2Backend
-from numad.config import parse
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon import Daemon
+from numad.daemon import state
+from numad.daemon.config import parse
+from numad.daemon.root import Daemon
+from numad.daemon.service import build
 from numad.errors import CgroupError, CheckpointError
-from numad.scratch import scratch_mkdir
-from numad.service import build
+from numad.host import durable
+from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.host.scratch import scratch_mkdir
 
 MACHINE = "32intel64-2p8co2t+8ve"  # 32 CPUs, 2 nodes, 8 vector engines
 ALL = CPUSet.parse_list("0-31")

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import structlog
 
-from numad.config import parse
-from numad.daemon import Daemon
+from numad.daemon.config import parse
+from numad.daemon.root import Daemon
+from numad.daemon.service import build
 from numad.errors import CgroupError
-from numad.scratch import scratch_mkdir
-from numad.service import build
+from numad.host.scratch import scratch_mkdir
 from numad.topology.record import load_fixture
 from tests.vm import progress
 

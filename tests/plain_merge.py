@@ -2,7 +2,7 @@
 
 Tests only (and the benchmark's ratio): it walks the whole Cartesian product of
 the hint lists, exactly as reference/topology-manager.md sections 2.1-2.7 say,
-sharing no code with numad.merge but the input types.
+sharing no code with numad.placement.merge but the input types.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 
-from numad.hints import ProviderHints
-from numad.hintspace import listed
+from numad.placement.hints import ProviderHints
+from numad.placement.hintspace import listed
 
 Mask = int | None
 Flat = tuple[str, list[tuple[Mask, bool, int]]]

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from numad.api.client import APIError, request
-from numad.cgroup import detect_backend
+from numad.cli.client import APIError, request
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
+from numad.host.cgroup import detect_backend
 
 pytestmark = pytest.mark.skipif(not os.environ.get("VMTEST"), reason="runs only inside the VM")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from numad.api.client import request
+from numad.cli.client import request
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
 
@@ -359,7 +359,7 @@ def node_of_cpus(cpus: CPUSet) -> NodeSet:
 
 
 def anon(cgroup: str) -> dict[int, int]:
-    from numad.pages import read_anon_by_node  # noqa: PLC0415
+    from numad.host.pages import read_anon_by_node  # noqa: PLC0415
 
     return read_anon_by_node(CGROUP_ROOT / cgroup) or {}
 

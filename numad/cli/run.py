@@ -1,0 +1,176 @@
+"""``numad run``: a command in a transient workload, released when it exits.
+
+Edge module, registered by ``numad.cli.commands``. Admits the workload through the
+daemon's API, makes its cgroup directory where the service manager would have
+(and removes it again), runs the command there with its argv untouched, and
+releases the workload when the command exits, fails to start, or numad run is
+signalled (SIGINT, SIGTERM, SIGHUP are passed on to the command while it runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import quote
+
+from numad import defaults
+from numad.cli import textout
+from numad.cli.client import APIError, request
+from numad.errors import NumadError
+
+REJECTED = 3  # the exit status of a rejection (numad.cli.main's docstring lists them all)
+# numad.workload.spec's name rule, repeated: the client does not import the managers
+# numad.workload.spec brings, and run makes the cgroup directory before the daemon sees the name.
+WORKLOAD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def workload_path(name: str) -> str:
+    """The API path of a workload (any name quoted: the daemon answers 404, not a bad URL)."""
+    return f"/v1/workloads/{quote(name, safe='')}"
+
+
+def spec_of(args: argparse.Namespace, **where: str) -> dict[str, Any]:
+    """A spec from the command's options (absent ones left out)."""
+    devices: dict[str, int] = {}
+    for name, count in args.device:
+        if name in devices:
+            args.usage_error(f"argument --device: {name} given twice")
+        devices[name] = count
+    spec: dict[str, Any] = {**where, "cpus": args.cpus}
+    optional = {"memory": args.memory, "devices": devices, "policy": args.policy}
+    spec |= {k: v for k, v in optional.items() if v}
+    if args.name:
+        spec["name"] = args.name
+    return spec
+
+
+class _Signalled(Exception):  # noqa: N818 - not an error: numad run was told to stop
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Admit a transient workload, run the command in its cgroup, release it when the
+    command exits, fails to start or numad run is signalled, remove the cgroup
+    directory it made (also on a rejection), and exit with the command's status."""
+    if not args.cmd:
+        args.usage_error("give a command after --")
+    name = args.name or f"run-{os.getpid()}"
+    if not WORKLOAD_NAME.fullmatch(name):  # checked before the name becomes a directory
+        args.usage_error(
+            f"argument --name: {name!r} is not a workload name ({WORKLOAD_NAME.pattern})"
+        )
+    spec = spec_of(args, cgroup=f"{defaults.MANAGED_ROOT}/{name}")
+    spec["name"] = name
+    socket = str(args.socket or defaults.SOCKET)
+    health = request(socket, "GET", "/v1/health")
+    cgroup = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"]
+    child = [0]  # the command's pid, once it runs: signals go to it
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if child[0]:
+            os.kill(child[0], signum)
+        else:
+            raise _Signalled(signum)
+
+    before = {sig: signal.signal(sig, on_signal) for sig in _FORWARDED}
+    made = held = False
+    try:
+        made = not cgroup.is_dir()
+        if made:  # as a service manager would; removed again when the command is done
+            cgroup.mkdir(parents=True)
+        held = True  # from here a signal may come between the daemon's admission and its answer
+        try:
+            answer = request(socket, "POST", "/v1/workloads", json.dumps(spec))
+        except APIError as err:
+            held = False  # the daemon said no: nothing admitted under this name by us
+            if err.status != 409 or err.body.get("error", {}).get("code") == "conflict":
+                raise
+            print("\n".join(textout.rejected(name, err.body.get("error", {}))), file=sys.stderr)
+            return REJECTED
+        placed = answer["containers"].get("main", {})
+        print(
+            f"numad: {name}: cpus {placed.get('cpus') or 'shared pool'}; running {args.cmd[0]}",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        return _child(cgroup, args.cmd, child)
+    except _Signalled as stop:
+        return 128 + stop.signum
+    finally:
+        for sig in _FORWARDED:  # the cleanup runs to its end
+            signal.signal(sig, signal.SIG_IGN)
+        _end(socket, name, cgroup, held=held, made=made)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _end(socket: str, name: str, cgroup: Path, *, held: bool, made: bool) -> None:
+    """Release the workload (if it may be admitted) and remove the cgroup numad run made."""
+    if held:
+        try:
+            request(socket, "DELETE", workload_path(name))
+            print(f"numad: {name}: released", file=sys.stderr)
+        except APIError as err:
+            if err.status != 404:  # 404: interrupted before the daemon admitted it
+                print(f"numad: {err}", file=sys.stderr)
+        except NumadError as err:
+            print(f"numad: {err}; {name} may still be admitted", file=sys.stderr)
+    if made:
+        _remove(cgroup)
+
+
+def _child(cgroup: Path, cmd: list[str], child: list[int]) -> int:
+    """Run ``cmd`` in ``cgroup`` (it joins before exec); its exit status, 128+N for a
+    signal N. The caller's handlers pass SIGINT, SIGTERM and SIGHUP on to it."""
+    # Blocked until the pid is known: a signal in between is passed on, not lost.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        raise
+    if pid == 0:
+        for sig in _FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        try:
+            (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command
+        except OSError as err:
+            print(f"numad: {cmd[0]}: {err.strerror}", file=sys.stderr)
+        os._exit(127)
+    child[0] = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+    _, status = os.waitpid(pid, 0)
+    child[0] = 0
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _remove(cgroup: Path) -> None:
+    """Remove a cgroup directory numad run made. In cgroupfs its files go with it; in a
+    scratch tree (``serve --root``) they are plain files, removed first."""
+    try:
+        cgroup.rmdir()
+    except OSError as err:
+        if err.errno != errno.ENOTEMPTY or any(p.is_dir() for p in cgroup.iterdir()):
+            print(f"numad: {cgroup}: not removed: {err.strerror}", file=sys.stderr)
+            return
+        with contextlib.suppress(OSError):
+            for p in cgroup.iterdir():
+                p.unlink()
+            cgroup.rmdir()

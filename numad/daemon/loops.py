@@ -1,0 +1,129 @@
+"""The daemon's background loops (reconcile, hotplug, watchdog), each supervised.
+
+Daemon side. A loop survives any exception of its body: the exception is
+logged once with its traceback, counted in ``numad_loop_errors_total{loop}``
+and shown in ``/v1/health`` until a later pass of that loop succeeds. The
+systemd watchdog is fed only while the reconcile loop makes progress, so a
+loop that is stuck (a lock never released) or fails pass after pass lets
+systemd restart numad (DESIGN invariant 9).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from numad.daemon import notify
+from numad.daemon.metrics import Metrics
+from numad.daemon.watch import Event, debounce
+from numad.observe import Problems
+
+if TYPE_CHECKING:
+    from numad.host.enforce import Log
+
+
+class Supervisor:
+    def __init__(
+        self,
+        log: Log,
+        metrics: Metrics,
+        problems: Problems,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.metrics = metrics
+        self.problems = problems
+        self.clock = clock
+        self.progress: dict[str, float] = {}  # loop -> when a pass last succeeded
+
+    def run_once(self, loop: str, body: Callable[[], object]) -> bool:
+        """One pass of ``loop``; True when it succeeded. Never raises an Exception."""
+        try:
+            body()
+        except Exception as err:
+            self.metrics.loop_errors.labels(loop).inc()
+            self.problems.set(
+                f"loop:{loop}", f"{loop} loop: {type(err).__name__}: {err}; retried next pass"
+            )
+            self.log.exception("loop_failed", loop=loop, problem=repr(err))
+            return False
+        self.problems.clear(f"loop:{loop}")
+        self.progress[loop] = self.clock()
+        return True
+
+    def progressing(self, loop: str, within: float) -> bool:
+        """Whether ``loop`` completed a pass in the last ``within`` seconds."""
+        last = self.progress.get(loop)
+        return last is not None and self.clock() - last <= within
+
+
+def reconcile_loop(
+    supervisor: Supervisor, reconcile: Callable[[], object], stop: threading.Event, period: float
+) -> None:
+    while not stop.wait(period):
+        if supervisor.run_once("reconcile", reconcile):
+            notify.status(f"last reconcile {time.strftime('%H:%M:%S')}")
+
+
+def hotplug_loop(
+    supervisor: Supervisor,
+    events: Callable[[], Iterable[Event]],
+    rediscover: Callable[[], object],
+    stop: threading.Event,
+) -> None:
+    """Rediscover after each burst of events. Without netlink access numad runs
+    without hotplug (said once); an event source that breaks is opened again."""
+    while not stop.is_set():
+        try:
+            source = events()
+        except (OSError, ImportError) as err:
+            supervisor.log.warning("hotplug_unavailable", problem=str(err))
+            return
+
+        supervisor.run_once(
+            "hotplug", partial(debounce, source, _pass(supervisor, rediscover), stop=stop)
+        )
+        stop.wait(1.0)  # the source ended or broke: open it again, not in a tight loop
+
+
+def _pass(
+    supervisor: Supervisor, rediscover: Callable[[], object]
+) -> Callable[[list[Event]], None]:
+    def burst(_events: list[Event]) -> None:
+        supervisor.run_once("hotplug", rediscover)
+
+    return burst
+
+
+def watchdog_loop(
+    supervisor: Supervisor, stop: threading.Event, interval: float, stale_after: float
+) -> None:
+    """Ping systemd's watchdog every ``interval`` seconds while the reconcile loop
+    has completed a pass within ``stale_after`` seconds; otherwise say so and let
+    the watchdog fire."""
+    withheld = [False]
+
+    def ping() -> None:
+        if supervisor.progressing("reconcile", stale_after):
+            notify.watchdog()
+            withheld[0] = False
+        elif not withheld[0]:
+            withheld[0] = True
+            supervisor.log.error(
+                "watchdog_withheld",
+                problem=f"no reconcile pass succeeded in {stale_after:g} s",
+            )
+
+    while not stop.wait(interval):
+        supervisor.run_once("watchdog", ping)
+
+
+def periods(reconcile_seconds: float, watchdog: float | None) -> tuple[float, float]:
+    """The reconcile period and how old its last success may be before the watchdog
+    is starved: with a watchdog armed, reconcile runs at least once per ping
+    interval, so a long ``reconcile-seconds`` cannot starve a healthy numad."""
+    period = reconcile_seconds if watchdog is None else min(reconcile_seconds, watchdog)
+    return period, 2 * period + (watchdog or 0.0)

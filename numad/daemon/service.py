@@ -1,0 +1,186 @@
+"""The daemon's side of the commands: ``numad serve`` and the offline ``numad plan``.
+
+Edge module, imported by ``numad.cli.commands`` only when one of those runs, so that
+the clients stay light. ``serve --root DIR`` runs the whole daemon on a recorded
+machine: host files under DIR, and, where DIR has no cgroup hierarchy, a scratch
+cgroup v2 tree under DIR/sys/fs/cgroup whose effective files the scratch backend
+computes as the kernel would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon import notify
+from numad.daemon.api import Server, outcome_json
+from numad.daemon.config import Config, check_reserved, load
+from numad.daemon.instance import acquire
+from numad.daemon.livepage import LivePage
+from numad.daemon.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
+from numad.daemon.restore import choose_reserved
+from numad.daemon.root import Daemon
+from numad.daemon.watch import udev_events
+from numad.host.cgroup import detect_backend
+from numad.host.scratch import make_scratch_v2
+from numad.host.systemd_bus import Systemd
+from numad.hostfs import HostFS
+from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
+from numad.placement.managers.cpu.topology import CPUTopology
+from numad.topology.discover import discover
+from numad.topology.model import Topology
+
+
+def build(config: Config, root: str | None) -> Daemon:
+    """The daemon for the host (root None) or for the recorded machine under ``root``."""
+    log = structlog.get_logger("numad")
+    if root is None:
+        fs = HostFS("/")
+        cgroups = detect_backend(Path(config.paths.cgroup_root), config.paths.managed_roots)
+        # systemd's units are isolated and placed through systemd; without it, through
+        # cgroupfs (and a spec cannot name a unit).
+        systemd = Systemd.connect()
+        log.info("isolation", isolate=config.isolate, systemd=systemd is not None)
+        state_dir = Path(config.paths.state_dir)
+        return Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)
+    base = Path(root).resolve()
+    fs = HostFS(base)
+    cgroup_root = base / config.paths.cgroup_root.lstrip("/")
+    if not (cgroup_root / "cgroup.controllers").exists():
+        topo = discover(fs)
+        make_scratch_v2(
+            cgroup_root, topo.online_cpus, NodeSet(n.id for n in topo.nodes if n.memory_total_kb)
+        )
+    cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
+    paths = replace(
+        config.paths,
+        state_dir=str(base / config.paths.state_dir.lstrip("/")),
+        socket=str(base / config.paths.socket.lstrip("/")),
+        workloads_dir=str(base / config.paths.workloads_dir.lstrip("/")),
+    )
+    return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``numad serve``: run until SIGTERM."""
+    config = load(args.config)
+    daemon = build(config, args.root)
+    lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
+    daemon.start()  # ends with the first reconcile pass
+    supervisor = daemon.supervisor
+    metrics_server, _ = daemon.metrics.serve(
+        config.metrics_listen, config.metrics_port, page=LivePage(daemon).answer
+    )
+    daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
+    daemon.log.info("metrics_listening", address=daemon.metrics_address)
+    server = Server(args.socket or daemon.config.paths.socket, daemon)
+    stop = threading.Event()
+
+    def shutdown(_sig: int, _frame: object) -> None:
+        notify.stopping()
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    def reload(_sig: int, _frame: object) -> None:
+        # Re-read the workloads directory; the config's host settings (policy,
+        # reserved CPUs) shape every decision made so far and need a restart.
+        notify.reloading()
+        threading.Thread(target=_reload, args=(daemon,), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGHUP, reload)
+    watchdog = notify.watchdog_interval()
+    period, stale_after = periods(daemon.config.reconcile_seconds, watchdog)
+    loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+        (reconcile_loop, (supervisor, daemon.reconcile, stop, period))
+    ]
+    if args.root is None:  # a recorded machine has no kernel to send uevents
+        loops.append((hotplug_loop, (supervisor, udev_events, daemon.rediscover, stop)))
+    if watchdog:
+        loops.append((watchdog_loop, (supervisor, stop, watchdog, stale_after)))
+    for target, loop_args in loops:
+        threading.Thread(target=target, args=loop_args, daemon=True).start()
+    daemon.log.info("api_listening", socket=server.server_address)
+    notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
+    server.serve_forever(poll_interval=0.5)
+    server.server_close()
+    metrics_server.shutdown()
+    daemon.stop()  # the cgroups numad isolated get every CPU back
+    lock.release()
+    daemon.log.info("daemon_stopped")
+    return 0
+
+
+def _reload(daemon: Daemon) -> None:
+    """SIGHUP's work, supervised like a loop: a fault is logged, counted and shown."""
+    daemon.supervisor.run_once("reload", daemon.reload_workloads)
+    notify.ready(f"{len(daemon.specs)} workloads; reloaded")
+
+
+class _NoCgroups:
+    """An offline plan writes nothing."""
+
+    def exists(self, path: str) -> bool:
+        return False
+
+    def ensure(self, path: str) -> None:
+        return None
+
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        return None
+
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        return None
+
+    def descendants(self, path: str) -> list[str]:
+        return []
+
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return CPUSet(), NodeSet()
+
+
+def reserved_offline(config_path: Path | None, topo: Topology) -> CPUSet:
+    """The reserved CPUs numad would choose on a fresh start on ``topo`` with the config
+    at ``config_path``: what the picture of a machine without a daemon shows."""
+    config = load(config_path)
+    check_reserved(config, CPUSet(c.id for c in topo.all_cpus), len(topo.online_cpus))
+    policy = StaticPolicy(CPUTopology.from_topology(topo), StaticOptions.parse(config.cpu_options))
+    return CPUSet.from_bits(choose_reserved(config, policy, None)[0])
+
+
+def nrt_offline(config_path: Path | None, root: str | None) -> dict[str, Any]:
+    """This machine (the one under ``root``) as a NodeResourceTopology object, with
+    nothing held: what numad would publish on a fresh start. Writes nothing."""
+    with tempfile.TemporaryDirectory(prefix="numad-nrt-") as scratch:
+        config = load(config_path)
+        fs = HostFS(Path(root).resolve() if root else "/")
+        daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
+        daemon.start()
+        return daemon.nrt()
+
+
+def plan_offline(
+    config_path: Path | None, root: str | None, text: str, kind: str
+) -> dict[str, Any]:
+    """What admitting ``text`` would do on the machine under ``root`` (or this host),
+    without a daemon: reads the machine and writes nothing (no cgroups; the empty
+    checkpoint goes to a scratch directory)."""
+    with tempfile.TemporaryDirectory(prefix="numad-plan-") as scratch:
+        config = load(config_path)
+        fs = HostFS(Path(root).resolve() if root else "/")
+        daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
+        daemon.start()
+        return outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))

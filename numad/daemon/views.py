@@ -1,0 +1,195 @@
+"""Read-only views of the daemon's state: show, list, explain, the metrics' gauges.
+
+Daemon side; reads the state under the daemon's lock and changes nothing but
+Prometheus gauges and counters. Mixed into ``numad.daemon.root.Daemon``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.config import Config
+from numad.daemon.metrics import Metrics
+from numad.errors import NumadError, WorkloadError
+from numad.host.irqs import IrqAffinity
+from numad.host.isolation import Isolation
+from numad.host.migration import Migrations
+from numad.host.unmovable import unmovable
+from numad.placement.admission import Books, Engine, Outcome, placements
+from numad.placement.nrt import nrt_object
+from numad.topology.model import Topology
+from numad.workload.spec import WorkloadSpec
+
+
+class Views:
+    lock: threading.RLock
+    books: Books
+    engine: Engine
+    metrics: Metrics
+    topology: Topology
+    specs: dict[str, WorkloadSpec]
+    outcomes: dict[str, Outcome]
+    unplaced: dict[str, str]
+    config: Config
+    isolation: Isolation
+    irqs: IrqAffinity
+    migrations: Migrations
+    others: set[str]
+
+    def list_all(self) -> list[dict[str, Any]]:
+        with self.lock:  # one consistent snapshot
+            return [self.show(n) for n in sorted(self.specs)]
+
+    def explain(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            if name in self.unplaced:
+                return {"explanation": f"unplaced: {self.unplaced[name]}", "conflict": []}
+            outcome = self.outcomes.get(name)
+            why = None if outcome is None else outcome.explanation
+            if why is None:
+                return {
+                    "explanation": "restored from the checkpoint; placed before this start",
+                    "conflict": [],
+                }
+            return {"explanation": why.text(), "conflict": list(why.conflict)}
+
+    def nrt(self) -> dict[str, Any]:
+        """This host as a NodeResourceTopology object, with what is held now."""
+        with self.lock:
+            return nrt_object(
+                socket.gethostname(),
+                self.topology,
+                self.books,
+                self.config.policy,
+                self.config.scope,
+            )
+
+    def host(self) -> dict[str, Any]:
+        """Host isolation as it stands: each isolated cgroup, how numad writes it and
+        its CPUs now; what numad cannot move off the exclusive CPUs."""
+        with self.lock:
+            exclusive = CPUSet.from_bits(self.books.cpu.exclusive)
+            isolated = []
+            for path in sorted(self.others):
+                try:
+                    now = str(self.isolation.read(path)[0])
+                except NumadError as err:
+                    now = f"unreadable: {err}"
+                isolated.append({"cgroup": path, "via": self.isolation.via(path), "cpus": now})
+            return {
+                "isolate": self.config.isolate,
+                "exclusive": str(exclusive),
+                "shared": str(CPUSet.from_bits(self.books.cpu.shared_pool)),
+                "reserved": str(CPUSet.from_bits(self.books.cpu.reserved)),
+                "isolated": isolated,
+                "unmovable": unmovable(self.isolation.root, exclusive),
+                "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
+            }
+
+    def show(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            if name not in self.specs:
+                raise WorkloadError(name, "no such workload")
+            spec = self.specs[name]
+            held = placements(self.books, name)
+            pool = CPUSet.from_bits(self.books.cpu.shared_pool)
+            containers = {}
+            for c in spec.containers:
+                p = held.get(c.name)
+                containers[c.name] = {
+                    "cgroup": spec.container_cgroup(c),
+                    "cpus": (p.cpus if p is not None and p.cpus else pool).format_list(),
+                    "exclusive": bool(p is not None and p.cpus),
+                    "mems": p.mems.format_list() if p is not None else "",
+                    "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
+                }
+            shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
+            if spec.unit is not None:
+                shown["unit"] = spec.unit
+                shown["via"] = self.isolation.via(spec.cgroup)
+            if name in self.unplaced:
+                shown["unplaced"] = self.unplaced[name]
+            shown["memory"] = self.memory_of(name)
+            shown["state"] = shown["memory"]["state"]
+            return shown
+
+    def _memory_nodes(self, name: str) -> tuple[list[str], NodeSet]:
+        """The cgroups of the workload's exclusive containers, and its own nodes: their
+        mems where numad pins them, else their CPUs' nodes."""
+        spec, held = self.specs[name], placements(self.books, name)
+        paths, nodes = [], NodeSet()
+        for c in spec.containers:
+            p = held.get(c.name)
+            if p is not None and p.cpus:
+                paths.append(spec.container_cgroup(c))
+                nodes |= p.mems if p.mems else self.topology.nodes_of_cpus(p.cpus)
+        return paths, nodes
+
+    def memory_of(self, name: str) -> dict[str, Any]:
+        """Where the workload's memory is: its state (``migrating`` while the mover has
+        work for it), its nodes, its locality and the last moves."""
+        with self.lock:
+            paths, nodes = self._memory_nodes(name)
+            share, size = self.migrations.locality(paths, nodes) if paths else (None, 0)
+            return {
+                "state": self.migrations.status(paths) or ("placed" if paths else "shared"),
+                "nodes": str(nodes),
+                "locality": None if share is None else round(share, 4),
+                "anon_bytes": size,
+                "moves": self.migrations.last(paths),
+            }
+
+    def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
+        """Two workloads never write the same cgroup, nor one inside the other's."""
+        mine = {spec.container_cgroup(c) for c in spec.containers} | {spec.cgroup}
+        for other in self.specs.values():
+            theirs = {other.container_cgroup(c) for c in other.containers} | {other.cgroup}
+            for a in mine:
+                for b in theirs:
+                    if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                        raise WorkloadError(
+                            spec.name,
+                            f"cgroup {a} is already admitted: it overlaps {b} of {other.name}",
+                            "give each workload its own cgroup",
+                        )
+
+    def _count(self, spec: WorkloadSpec, outcome: Outcome, seconds: float) -> None:
+        m = self.metrics
+        m.admission_requests.inc()
+        m.admission_duration.observe(seconds)
+        scope = str(self.engine.scope)
+        numa_boundary = (spec.policy or self.engine.policy) == "single-numa-node"
+        if any(c.exclusive_cpus for c in spec.containers):
+            m.cpu_pinning_requests.inc()
+        if outcome.admitted:
+            if numa_boundary:
+                m.aligned.labels(scope, "numa_node").inc(
+                    len(spec.containers) if scope == "container" else 1
+                )
+            return
+        m.admission_errors.inc()
+        m.rejections.labels(str(outcome.reason)).inc()
+        if numa_boundary and outcome.reason is not None and "Topology" in outcome.reason:
+            m.aligned_failures.labels(scope, "numa_node").inc()
+        if "cpu" in outcome.detail:
+            m.cpu_pinning_errors.inc()
+
+    def update_gauges(self) -> None:
+        m, cpu, memory = self.metrics, self.books.cpu, self.books.memory
+        m.shared_pool.set(cpu.available.bit_count() * 1000)
+        m.exclusive.set(cpu.exclusive.bit_count())
+        m.unplaced.set(len(self.unplaced))
+        for node in self.topology.nodes:
+            mask = node.cpus.bits & cpu.online
+            allocatable = (mask & ~cpu.reserved).bit_count()
+            m.node_cpus_allocatable.labels(str(node.id)).set(allocatable)
+            m.node_cpus_allocated.labels(str(node.id)).set((mask & cpu.exclusive).bit_count())
+            for (n, resource), cap in memory.table.capacity.items():
+                if n == node.id:
+                    m.node_memory_allocatable.labels(str(n), resource).set(cap.allocatable)
+                    m.node_memory_allocated.labels(str(n), resource).set(memory.used(n, resource))

@@ -1,0 +1,183 @@
+"""A cgroup hierarchy on disk: the checks and error mapping both backends share.
+
+The cgroup layer (the last stage, run after the checkpoint). Reads only the
+hierarchy under the root it is given (``/sys/fs/cgroup`` for v2,
+``/sys/fs/cgroup/cpuset`` for v1, a scratch tree in tests and under ``numad
+serve --root``) and writes nothing: ``numad.host.cgroup.v2`` and ``numad.host.cgroup.v1``
+write, after ``Hierarchy`` has located their cgroup.
+
+A path inside a managed root (``CgroupPath``) must also stay inside it on disk:
+its real path must lie within the managed root's, so no symbolic link can lead
+a write elsewhere (DESIGN invariant 5), and nothing above a managed root is
+created. ``OSError`` becomes a ``CgroupError`` naming the cgroup, with what the
+kernel's errno means for a cpuset.
+
+Scratch trees (``numad.host.scratch``) hold ``SCRATCH_MARKER``, a regular file that
+cgroupfs cannot hold (it refuses to create regular files). Kernel emulation
+refuses a tree without the marker, so on a real hierarchy numad never writes a
+file that the kernel owns.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from numad.errors import CgroupError
+from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath, as_path
+
+SCRATCH_MARKER = ".numad-scratch"
+
+
+def is_scratch(root: Path) -> bool:
+    """Whether ``root`` is a scratch tree (``numad.host.scratch``): it holds the marker."""
+    return (root / SCRATCH_MARKER).is_file()
+
+
+class Hierarchy:
+    """Path checks and error mapping shared by the v2 and v1 backends."""
+
+    def __init__(
+        self,
+        root: Path,
+        managed_roots: Iterable[CgroupPath | str] = DEFAULT_MANAGED_ROOTS,
+        *,
+        emulate_kernel: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self._real_root = Path(os.path.realpath(root))
+        self.managed_roots = tuple(as_path(r) for r in managed_roots)
+        if not self.managed_roots:
+            raise CgroupError(str(root), "no managed cgroup roots", "name one, e.g. numad.slice")
+        if emulate_kernel and not is_scratch(self._real_root):
+            raise CgroupError(
+                str(root),
+                "kernel emulation is only for scratch trees, and this is not one",
+                "lay the tree out with numad.host.scratch.make_scratch_v2 or make_scratch_v1",
+            )
+        self.emulate_kernel = emulate_kernel
+
+    def __repr__(self) -> str:
+        roots = [str(r) for r in self.managed_roots]
+        return f"{type(self).__name__}(root={str(self.root)!r}, managed_roots={roots!r})"
+
+    def exists(self, path: CgroupPath | str) -> bool:
+        return self._locate(path)[2].is_dir()
+
+    def descendants(self, path: CgroupPath | str) -> list[str]:
+        """Every cgroup below ``path`` (not ``path`` itself), from the hierarchy root,
+        parents first. Links are not followed: cgroupfs has none."""
+        cg, _, d = self._locate(path)
+        found: list[str] = []
+        with self._failures(cg, "listing the cgroups below it", d):
+            for directory, children, _ in os.walk(d):
+                below = Path(directory).relative_to(d).parts
+                found += ["/".join((*cg.parts, *below, child)) for child in sorted(children)]
+        return found
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def _subject(self, cg: CgroupPath) -> str:
+        return os.path.join(self.root, str(cg)) if cg.parts else str(self.root)
+
+    def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:
+        """The checked path, its managed root, and its directory on disk."""
+        cg = as_path(path)
+        managed = cg.managed_by(self.managed_roots)
+        return cg, managed, self._real(cg, managed)
+
+    def _real(self, cg: CgroupPath, fence: CgroupPath) -> Path:
+        """``cg``'s directory, after checking that no link leads it out of ``fence``."""
+        allowed = self._real_root.joinpath(*fence.parts)
+        real = Path(os.path.realpath(self._real_root.joinpath(*cg.parts)))
+        if real != allowed and allowed not in real.parents:
+            where = f"the managed root {fence}" if fence.parts else "the cgroup root"
+            raise CgroupError(
+                self._subject(cg),
+                f"a symbolic link leads it to {real}, outside {where}",
+                "remove the link: numad writes only inside its managed roots",
+            )
+        return real
+
+    def _levels(self, cg: CgroupPath, managed: CgroupPath) -> list[tuple[CgroupPath, Path]]:
+        """Every cgroup from the root down to ``cg`` with its directory.
+
+        Those above the managed root must exist: numad never creates them. Each is
+        checked before ``ensure`` changes anything.
+        """
+        levels: list[tuple[CgroupPath, Path]] = []
+        for depth in range(len(cg.parts) + 1):
+            level = CgroupPath(cg.parts[:depth])
+            above = depth < len(managed.parts)
+            real = self._real(level, level if above else managed)
+            if above and not real.is_dir():
+                raise CgroupError(
+                    self._subject(level),
+                    f"does not exist, and numad creates nothing above its managed root {managed}",
+                    "create it first (e.g. as a systemd slice)",
+                )
+            levels.append((level, real))
+        return levels
+
+    # -- errors ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _failures(self, cg: CgroupPath, action: str, directory: Path) -> Iterator[None]:
+        """Turn OSError (and unparsable content) into CgroupError naming the cgroup."""
+        try:
+            yield
+        except OSError as err:
+            raise _failure(self._subject(cg), action, err, directory) from err
+        except ValueError as err:
+            raise CgroupError(self._subject(cg), f"{action}: unusable content ({err})") from err
+
+
+_PERMISSION = (
+    "permission denied",
+    "run numad as root, or delegate the subtree to its user (systemd Delegate=)",
+)
+_MEANINGS: Mapping[int, tuple[str, str | None]] = {
+    errno.EINVAL: (
+        "the kernel rejected the value (CPUs or nodes outside the parent's effective set,"
+        " a node that does not exist, or a malformed list)",
+        "compare it with the parent's cpuset.cpus.effective and cpuset.mems.effective",
+    ),
+    errno.ERANGE: (
+        "an id is beyond the machine's possible CPUs or nodes",
+        "rediscover the topology",
+    ),
+    errno.ENOSPC: (
+        "a cpuset with tasks (or populated children) cannot become empty",
+        "move its tasks out first, or write a non-empty set",
+    ),
+    errno.EBUSY: (
+        "the cgroup is busy: an exclusive cpuset (v1) or a cpuset partition conflicts",
+        "release the conflicting exclusive set or partition first",
+    ),
+    errno.EACCES: _PERMISSION,
+    errno.EPERM: _PERMISSION,
+    errno.ELOOP: ("the file is a symbolic link, which cgroupfs never has", "remove the link"),
+    # What v2's writer makes of a FIFO, socket or device (cgroupfs files are regular).
+    errno.ENXIO: (
+        "the file is not a regular file (a FIFO, socket or device), which cgroupfs never has",
+        "remove it",
+    ),
+}
+
+
+def _failure(subject: str, action: str, err: OSError, directory: Path) -> CgroupError:
+    if err.errno == errno.ENOENT:
+        if not directory.is_dir():
+            return CgroupError(
+                subject, f"{action}: the cgroup is gone", "ensure() re-creates a managed cgroup"
+            )
+        return CgroupError(
+            subject,
+            f"{action}: the file does not exist",
+            "the cpuset controller is not enabled in the parent; ensure() enables it",
+        )
+    meaning, hint = _MEANINGS.get(err.errno or 0, (err.strerror or str(err), None))
+    return CgroupError(subject, f"{action}: {meaning}", hint)

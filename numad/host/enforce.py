@@ -1,0 +1,378 @@
+"""Enforcement: the one place that writes cpusets, and the order of those writes.
+
+Daemon side; touches the host only through the cgroup backend it is given.
+Every write goes through ``Enforcer.write``, which reads the effective cpuset
+back, remembers what it wrote (for drift repair) and turns any failure into a
+problem that stays in ``/v1/health`` until a later write succeeds.
+
+``Enforcer.apply`` holds DESIGN invariant 4: a CPU is never in an exclusive
+set and another cgroup at once, whatever fails. numad remembers per cgroup the
+exclusive CPUs its file may still hold (``grants``: the last exclusive set
+written there, kept in the checkpoint) until the file is rewritten or gone.
+The cgroups that follow the shared pool (released cgroups, cgroups that are
+no workload's, shared containers, unplaced workloads) never get a CPU that
+another cgroup may hold as a grant, and shrink before any exclusive set is
+written; an exclusive set is granted only once no other cgroup may run on its
+CPUs (a shared cgroup that failed to shrink, or an older grant elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.metrics import Metrics
+from numad.errors import NumadError
+from numad.observe import Problems
+from numad.placement.admission import Books, placements
+from numad.workload.spec import WorkloadSpec
+
+
+class Cgroups(Protocol):
+    def exists(self, path: str) -> bool: ...
+    def ensure(self, path: str) -> None: ...
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def restore_cpus(self, cpus: CPUSet) -> None: ...
+    def descendants(self, path: str) -> list[str]: ...
+
+
+class Moves(Protocol):
+    """Memory moves left to a background worker (``numad.host.migration.Migrations``)."""
+
+    def interim(self, path: str, mems: NodeSet) -> NodeSet | None: ...
+    def narrow(self, path: str, mems: NodeSet, wide: NodeSet) -> None: ...
+    def placed(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> None: ...
+    def drifting(self, path: str) -> bool: ...
+
+
+class Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+    def exception(self, event: str, **kw: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one cgroup must hold."""
+
+    path: str
+    cpus: int
+    mems: NodeSet | None
+    exclusive: bool
+    held: int = 0  # a released cgroup: the exclusive CPUs it may still run on
+
+
+def targets(
+    books: Books,
+    specs: Mapping[str, WorkloadSpec],
+    orphans: Iterable[str],
+    others: Iterable[str] = (),
+) -> list[Target]:
+    """Every cgroup numad writes, in write order: released cgroups that still exist
+    (their processes must leave the CPUs numad hands out next) and the other
+    cgroups it isolates (``others``), then each workload's containers. Unplaced
+    workloads hold nothing and follow the pool."""
+    pool = books.cpu.shared_pool
+    out: list[Target] = []
+    owned: set[str] = set()
+    for name, spec in sorted(specs.items()):
+        held = placements(books, name)
+        for c in spec.containers:
+            path = spec.container_cgroup(c)
+            owned.add(path)
+            p = held.get(c.name)
+            mems = p.mems if p is not None and p.mems else None
+            if p is not None and p.cpus:
+                out.append(Target(path, p.cpus.bits, mems, exclusive=True))
+            else:
+                out.append(Target(path, pool, mems, exclusive=False))
+    shared = sorted((set(orphans) | set(others)) - owned)
+    released = [Target(p, pool, None, exclusive=False) for p in shared]
+    return released + out
+
+
+def _union(masks: Iterable[int]) -> int:
+    union = 0
+    for mask in masks:
+        union |= mask
+    return union
+
+
+class Enforcer:
+    def __init__(self, cgroups: Cgroups, metrics: Metrics, log: Log, problems: Problems) -> None:
+        self.cgroups = cgroups
+        self.metrics = metrics
+        self.log = log
+        self.problems = problems
+        self.written: dict[str, tuple[int, NodeSet | None]] = {}  # last value per cgroup
+        self.ensured: set[str] = set()  # cgroups whose ancestors have cpuset enabled
+        self.drift: dict[str, tuple[int, int]] = {}  # cgroup -> (drifts in a row, next pass)
+        # cgroup -> the exclusive CPUs its file may hold: the last exclusive set
+        # written there (or recorded in the checkpoint), until a shared write or
+        # its removal. No other cgroup is given these CPUs meanwhile.
+        self.grants: dict[str, int] = {}
+        self.moves: Moves | None = None  # None: every mems write is made here
+
+    def unmanaged(self, roots: Iterable[str], specs: Collection[WorkloadSpec]) -> set[str]:
+        """The cgroups inside the managed roots that are no workload's: not a
+        container's cgroup, nor above one (a pod's), nor below one (the
+        container's own business: it only sees the container's CPUs)."""
+        mine = {s.container_cgroup(c) for s in specs for c in s.containers}
+        found = set()
+        for root in roots:
+            try:
+                below = self.cgroups.descendants(root)
+            except NumadError as err:
+                self._failed(root, err)
+                continue
+            for path in below:
+                related = any(
+                    path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in mine
+                )
+                if not related:
+                    found.add(path)
+        return found
+
+    def exists(self, path: str) -> bool | None:
+        """Whether the cgroup exists; None when that cannot be told (the fault is a
+        problem under the cgroup's name, like a failed write)."""
+        try:
+            found = self.cgroups.exists(path)
+        except NumadError as err:
+            self._failed(path, err)
+            return None
+        return found
+
+    def apply(
+        self, wanted: list[Target], pool: int, step: Callable[[str], None] | None = None
+    ) -> None:
+        """Write every target so that no CPU is ever in an exclusive set and another
+        cgroup at once (see the module docstring), in three phases:
+
+        1. shared cgroups shrink to the pool less every CPU another cgroup may run
+           on as an exclusive grant (``grants``); so does a cgroup about to be
+           granted whose file holds shared CPUs that others are about to get;
+        2. exclusive sets are granted once no other cgroup may run on their CPUs;
+        3. shared cgroups grow to the pool, less what is still granted elsewhere.
+
+        ``step`` is called after phases 1 and 2 ("shared", "exclusive"): the crash
+        tests' failpoints."""
+        shared = [t for t in wanted if not t.exclusive]
+        pending = [t for t in wanted if t.exclusive and not self._holds(t)]
+        claimed = _union(t.cpus for t in pending)
+        narrow = [  # shared CPUs in their files that others are about to be granted
+            t
+            for t in pending
+            if self._held(t.path, empty=0) & ~self.grants.get(t.path, 0) & claimed & ~t.cpus
+        ]
+        blocked, failing = 0, []
+        # Deepest first when shrinking, top first when growing: cgroup v1 refuses a
+        # parent narrower than its child (host isolation writes whole v1 trees).
+        shared.sort(key=lambda t: t.path.count("/"), reverse=True)
+        for t in shared + narrow:
+            if not self._share(t, pool):
+                failing.append(t.path)
+                blocked |= self._held(t.path, empty=-1)
+        if step is not None:
+            step("shared")
+        self._grant(pending, blocked, failing)
+        if step is not None:
+            step("exclusive")
+        for t in reversed(shared):
+            self._share(t, pool)
+
+    def _share(self, t: Target, pool: int) -> bool:
+        """Write the shared pool less what other cgroups may still run on as an
+        exclusive grant; never an empty set (that would mean every CPU)."""
+        cpus = pool & ~self._granted_elsewhere(t.path)
+        if cpus:
+            return self.write(t.path, cpus, t.mems)
+        if self.exists(t.path):
+            self.problems.set(
+                f"write:{t.path}",
+                f"{t.path}: no shared CPU to give it: every one is still held by an exclusive"
+                " cgroup not yet rewritten; retried every pass",
+            )
+        return False
+
+    def _holds(self, t: Target) -> bool:
+        return self.written.get(t.path) == (t.cpus, t.mems)
+
+    def _granted_elsewhere(self, path: str) -> int:
+        """The CPUs other cgroups may run on as an exclusive grant."""
+        return _union(cpus for p, cpus in self.grants.items() if p != path)
+
+    def _grant(self, pending: list[Target], blocked: int, failing: list[str]) -> None:
+        """Grant each exclusive set once no other cgroup may run on its CPUs: one
+        that failed to shrink (``blocked``) or one that still holds an older grant.
+        Where cgroups wait on each other, each first narrows to the part of its old
+        grant that it keeps."""
+        narrowed = False
+        while pending:
+            done = [t for t in pending if not t.cpus & (blocked | self._granted_elsewhere(t.path))]
+            for t in done:
+                self.problems.clear(f"grant:{t.path}")
+                self.write(t.path, t.cpus, t.mems, exclusive=True)
+            if not done:
+                if narrowed or not self._narrow(pending, blocked):
+                    break
+                narrowed = True
+            pending = [t for t in pending if t not in done]
+        for t in pending:
+            holders = failing + [
+                p for p, cpus in self.grants.items() if p != t.path and cpus & t.cpus
+            ]
+            self.problems.set(
+                f"grant:{t.path}",
+                f"{t.path}: exclusive cpus {CPUSet.from_bits(t.cpus).format_list()} not"
+                f" granted yet: {', '.join(holders)} may still run there; retried every pass",
+            )
+
+    def _narrow(self, pending: list[Target], blocked: int) -> bool:
+        """Each waiting cgroup whose file holds an older grant gives up the CPUs of
+        it that it does not keep (a subset of what it runs on now, granted to it
+        before and to no one else since: nothing is added, nothing shared)."""
+        progress = False
+        for t in pending:
+            now = self._held(t.path, empty=0)
+            kept = now & t.cpus & self.grants.get(t.path, 0) if now > 0 else 0
+            others = blocked | self._granted_elsewhere(t.path)
+            if kept and kept != now and not kept & others:
+                progress |= self.write(t.path, kept, t.mems, exclusive=True)
+        return progress
+
+    def _held(self, path: str, *, empty: int) -> int:
+        """The CPUs a cgroup may still run on: its configured set; every CPU when it
+        cannot be read; ``empty`` when the file is empty (it inherits its parent's)."""
+        try:
+            cpus, _ = self.cgroups.read(path)
+        except NumadError:
+            return -1
+        return cpus.bits if cpus else empty
+
+    def write(self, path: str, cpus: int, mems: NodeSet | None, *, exclusive: bool = False) -> bool:
+        """Write a cgroup's cpuset unless it already holds this value from numad.
+        True when the cgroup holds it now (or does not exist: written when it
+        appears); False when the write failed or the kernel applies another set."""
+        if self.written.get(path) == (cpus, mems):
+            return True
+        try:
+            if not self.cgroups.exists(path):
+                self.forget(path)  # gone: nothing left to report
+                return True
+            if path not in self.ensured:  # the ancestors' controllers, once per cgroup
+                self.cgroups.ensure(path)
+                self.ensured.add(path)
+            # A mems write that moves pages (seconds per GiB) is the mover's: the file
+            # holds the old and new nodes meanwhile.
+            wide = None
+            if mems is not None and self.moves is not None:
+                wide = self.moves.interim(path, mems)
+            now = mems if wide is None else wide
+            self.cgroups.write(path, CPUSet.from_bits(cpus), now)
+            if exclusive:  # the file holds it now, whatever the kernel applies
+                self.grants[path] = cpus
+            else:
+                self.grants.pop(path, None)
+            self.problems.clear(f"write:{path}")
+            if wide is not None and mems is not None and self.moves is not None:
+                self.moves.narrow(path, mems, wide)
+            if self._effective(path, CPUSet.from_bits(cpus), now):
+                moved = self.written.get(path, (0, None))[0] != cpus
+                self.written[path] = (cpus, mems)
+                if exclusive and moved and self.moves is not None:
+                    self.moves.placed(path, CPUSet.from_bits(cpus), mems)
+                return True
+            self.written.pop(path, None)  # the file holds this write, not the value remembered
+            return False
+        except NumadError as err:
+            self._failed(path, err)
+            return False
+
+    def _failed(self, path: str, err: NumadError) -> None:
+        self.written.pop(path, None)
+        self.ensured.discard(path)  # set it up again next time: the tree may have changed
+        self.metrics.cgroup_write_errors.inc()
+        self.problems.set(f"write:{path}", f"{err}; retried every reconcile pass")
+        self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))
+
+    def forget(self, path: str) -> None:
+        """Drop everything known about a cgroup that is gone or no longer numad's."""
+        self.written.pop(path, None)
+        self.grants.pop(path, None)
+        self.ensured.discard(path)
+        self.drift.pop(path, None)
+        for kind in ("write", "effective", "grant"):
+            self.problems.clear(f"{kind}:{path}")
+
+    def _effective(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> bool:
+        """Whether the kernel applies the cpuset just written, read back from the
+        effective files. A write can succeed and the kernel apply another set: mems
+        naming a node without memory fall back to the parent's, CPUs outside the
+        parent's effective set are masked off, an offline CPU is dropped. Such a
+        cgroup is logged, counted and listed in the problems until a write applies."""
+        now_cpus, now_mems = self.cgroups.read_effective(path)
+        key = f"effective:{path}"
+        if (not cpus or cpus == now_cpus) and (not mems or mems == now_mems):
+            self.problems.clear(key)
+            return True
+        written = [f"cpus {cpus.format_list()}"] if cpus else []
+        written += [f"mems {mems.format_list()}"] if mems else []
+        applied = f"cpus {now_cpus.format_list()} mems {now_mems.format_list()}"
+        self.problems.set(
+            key,
+            f"{path}: the kernel applies {applied}, not {' '.join(written)}"
+            " (CPUs outside the parent's cpuset, or a node without memory)",
+        )
+        self.metrics.cgroup_not_effective.inc()
+        self.log.error(
+            "cpuset_not_effective",
+            cgroup=path,
+            wanted_cpus=cpus.format_list(),
+            effective_cpus=now_cpus.format_list(),
+            wanted_mems=mems.format_list() if mems else "",
+            effective_mems=now_mems.format_list(),
+        )
+        return False
+
+    def find_drift(self, passes: int) -> int:
+        """Read back every cpuset numad wrote; one another writer changed is forgotten,
+        so the pass writes it again, and counted. A cgroup that keeps drifting is
+        repaired less and less often (up to every 64th pass) instead of fighting the
+        other writer. Returns the number of repairs."""
+        repairs = 0
+        for path, (cpus, wanted) in list(self.written.items()):
+            # The mover has yet to write the mems: only the CPUs are numad's yet.
+            moving = self.moves is not None and self.moves.drifting(path)
+            mems = None if moving else wanted
+            try:
+                now_cpus, now_mems = self.cgroups.read(path)
+            except NumadError:
+                self.written.pop(path, None)  # gone or unreadable: rewrite if it is back
+                continue
+            if now_cpus.bits == cpus and (mems is None or now_mems == mems):
+                self.drift.pop(path, None)
+                continue
+            count, due = self.drift.get(path, (0, 0))
+            if passes < due:
+                continue  # backing off
+            count += 1
+            wait = 0 if count < 3 else min(64, 2 ** (count - 2))
+            self.drift[path] = (count, passes + wait)
+            self.written.pop(path)
+            self.metrics.drift_repairs.inc()
+            repairs += 1
+            self.log.warning(
+                "cpuset_drift_repaired",
+                cgroup=path,
+                found=now_cpus.format_list(),
+                wanted=CPUSet.from_bits(cpus).format_list(),
+                in_a_row=count,
+                next_repair_in_passes=wait,
+            )
+        return repairs

@@ -1,0 +1,397 @@
+"""Host isolation: every cgroup that is no exclusive workload's stays off exclusive CPUs.
+
+The rule: a cgroup that holds no exclusive workload runs on the shared pool,
+that is the online CPUs less every exclusive set (the reserved CPUs are in the
+pool: host daemons belong there). That covers the other top-level cgroups of
+the hierarchy (``system.slice``, ``user.slice``, ``init.scope``, a container
+engine's tree) and the cgroups inside the managed roots that are no workload's
+(``Enforcer.unmanaged``). They are written in the shared phase of
+``Enforcer.apply``: shrunk before any exclusive set is granted, grown after.
+
+``Isolation`` is the cgroup backend the enforcer writes through. A cgroup that
+systemd owns (its unit's ControlGroup is that path) gets ``AllowedCPUs=`` as a
+runtime property over D-Bus (``numad.host.systemd_bus``), so systemd agrees and a
+``daemon-reload`` keeps it; any other goes to cgroupfs. Before its first write
+numad keeps the cgroup's own setting (systemd's ``AllowedCPUs=``, or the
+cpuset file) in ``isolation.json`` in the state directory, durably, and on stop
+puts every one back. A crash keeps the file, so the next numad still knows
+what to give back.
+
+Edge module: it reads the cgroup root's listing and writes through the backends
+and systemd it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import CgroupError, CheckpointError, NumadError
+from numad.host.cgroup.v1 import CgroupV1Backend
+from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.host.durable import read_json, write_file
+from numad.host.enforce import Cgroups, Log, Target
+
+FILE = "isolation.json"
+UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
+APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
+
+
+class Units(Protocol):
+    """What isolation needs of systemd (``numad.host.systemd_bus.Systemd``)."""
+
+    def unit(self, name: str) -> str | None: ...
+    def control_group(self, name: str) -> str | None: ...
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]: ...
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None: ...
+    def load(self, name: str) -> str: ...
+    def slice(self, name: str) -> str: ...
+
+
+class Isolation:
+    """The enforcer's cgroup backend: workloads' cgroups go to ``cgroups``; the
+    cgroups numad isolates go through systemd or cgroupfs, their own setting
+    kept first."""
+
+    def __init__(
+        self,
+        cgroups: Cgroups,
+        state_dir: Path,
+        log: Log,
+        *,
+        systemd: Units | None = None,
+        host_backend: Callable[[list[str]], Cgroups] | None = None,
+        root: Path | None = None,
+        v1: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.cgroups = cgroups
+        self.state_dir = state_dir
+        self.log = log
+        self.systemd = systemd
+        self.host_backend = host_backend  # a backend fenced to the given top-level cgroups
+        self.root = root  # the hierarchy's root directory; None: no top-level isolation
+        self.v1 = v1
+        self.sleep = sleep
+        self.isolated: set[str] = set()
+        self.online = CPUSet()  # the online CPUs, set by the daemon: "every CPU" on stop
+        self.host: Cgroups | None = None
+        self.tops: set[str] = set()
+        self.units: dict[str, str | None] = {}  # path -> systemd unit owning it, or None
+        self.workload_units: dict[str, str] = {}  # a workload's cgroup -> its unit (spec.unit)
+        self.presets: dict[str, tuple[int, NodeSet | None]] = {}  # set while not running
+        self.originals, self.problem = _load(state_dir)
+
+    # -- which cgroups ---------------------------------------------------------------------
+
+    def top_level(self, managed_roots: Iterable[str]) -> set[str]:
+        """The top-level cgroups that are neither a managed root nor above one, and on
+        cgroup v1 every cgroup below them (v1 refuses a parent narrower than a child;
+        v2 children can only use their parent's CPUs)."""
+        if self.root is None or self.host_backend is None:
+            return set()
+        firsts = {r.split("/", maxsplit=1)[0] for r in managed_roots}
+        marker = "tasks" if self.v1 else "cgroup.type"  # every cgroup has it; a mount point not
+        try:
+            tops = sorted(
+                e.name
+                for e in os.scandir(self.root)
+                if e.is_dir(follow_symlinks=False) and os.path.isfile(Path(e.path, marker))
+            )
+        except OSError as err:
+            raise CgroupError(str(self.root), f"cannot list the top-level cgroups: {err}") from err
+        tops = [t for t in tops if t not in firsts]
+        if set(tops) != self.tops:
+            self.tops = set(tops)
+            self.host = self.host_backend(tops) if tops else None
+        found = set(tops)
+        if self.v1 and self.host is not None:
+            for top in tops:
+                found.update(self.host.descendants(top))
+        return found
+
+    def mark(self, paths: set[str], owned: set[str]) -> list[str]:
+        """The cgroups isolated from now on; returns those that left the set. One
+        that left is a workload's now (``owned``: its record is dropped), above one
+        (it gets its own setting back), or gone (nothing to give back)."""
+        left = sorted(self.isolated - paths)
+        dropped = []
+        for path in sorted(set(self.originals) - paths):
+            gone = path in owned or not self._exists(path)  # not numad's to give back
+            above = any(o.startswith(path + "/") for o in owned)
+            if gone or (above and self._give_back(path) is None):
+                dropped.append(path)
+        for path in dropped:
+            del self.originals[path]
+        self.isolated = set(paths)
+        self.units = {p: u for p, u in self.units.items() if p in paths}
+        if dropped:
+            self._save()
+        return left
+
+    def _exists(self, path: str) -> bool:
+        try:
+            return self._backend(path).exists(path)
+        except NumadError:
+            return True  # cannot tell: keep what must be given back
+
+    # -- the Cgroups protocol --------------------------------------------------------------
+
+    def _backend(self, path: str) -> Cgroups:
+        if self.host is not None and path.split("/", maxsplit=1)[0] in self.tops:
+            return self.host
+        return self.cgroups
+
+    def exists(self, path: str) -> bool:
+        unit = self._workload_unit(path)
+        if unit is not None:
+            return self._runs_in(unit, path)
+        return self._backend(path).exists(path)
+
+    def ensure(self, path: str) -> None:
+        # systemd enables the controller for its own units
+        if self._unit(path) is None and self._workload_unit(path) is None:
+            self._backend(path).ensure(path)
+
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        unit = self._workload_unit(path)
+        if unit is not None:
+            self._set_unit(path, unit, cpus, mems)
+            return
+        if path not in self.isolated:
+            self._backend(path).write(path, cpus, mems)
+            return
+        self._remember(path)
+        unit = self._unit(path)
+        if unit is None:
+            self._backend(path).write(path, cpus, mems)
+        elif cpus is not None:
+            self._set_unit(path, unit, cpus)
+
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return self._backend(path).read(path)
+
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
+        return self._backend(path).read_effective(path)
+
+    def restore_cpus(self, cpus: CPUSet) -> None:
+        self.cgroups.restore_cpus(cpus)
+
+    def descendants(self, path: str) -> list[str]:
+        return self._backend(path).descendants(path)
+
+    def processes(self, path: str) -> list[int]:
+        backend: Any = self._backend(path)
+        return list(backend.processes(path))
+
+    def via(self, path: str) -> str:
+        """How numad writes a cgroup: ``systemd UNIT`` or ``cgroupfs``."""
+        unit = self.units.get(path) or self._workload_unit(path)
+        return f"systemd {unit}" if unit else "cgroupfs"
+
+    # -- systemd ---------------------------------------------------------------------------
+
+    def own(self, units: dict[str, str], orphans: Collection[str]) -> None:
+        """The workloads' units (their cgroup -> unit, from the specs), written through
+        systemd; a released unit stays so while its cgroup is an orphan (it is given the
+        shared pool). One that is neither any more has its runtime settings reset, so
+        its next start does not bring back a placement numad no longer holds."""
+        for path, unit in self.workload_units.items():
+            if path in units or path in orphans or self.systemd is None or self.v1:
+                continue
+            try:
+                self.systemd.set_allowed(unit, CPUSet(), NodeSet(), runtime=True)
+            except NumadError as err:
+                self.log.warning("unit_reset_failed", unit=unit, problem=str(err))
+        kept = {p: u for p, u in self.workload_units.items() if p in orphans}
+        self.workload_units = kept | units
+        self.presets = {p: v for p, v in self.presets.items() if p in units}
+
+    def preset(self, wanted: Iterable[Target]) -> None:
+        """A workload unit that is not running gets its placement as runtime properties
+        now, so that systemd applies it from the first instant of its next start (the
+        enforcer writes only cgroups that exist)."""
+        for t in wanted:
+            unit = self._workload_unit(t.path)
+            if unit is None or self.presets.get(t.path) == (t.cpus, t.mems):
+                continue
+            assert self.systemd is not None
+            try:
+                if self.exists(t.path):
+                    continue
+                self.systemd.set_allowed(unit, CPUSet.from_bits(t.cpus), t.mems, runtime=True)
+            except NumadError as err:
+                self.log.warning("unit_preset_failed", unit=unit, problem=str(err))
+                continue
+            self.presets[t.path] = (t.cpus, t.mems)
+
+    def _runs_in(self, unit: str, path: str) -> bool:
+        """Whether the unit runs in cgroup ``path``, as systemd says. Not whether the
+        directory is there: a cgroup the kernel would not remove at a stop (busy with
+        exiting tasks) stays behind, and systemd applies nothing to it."""
+        assert self.systemd is not None
+        try:  # a stopped unit may be unloaded (systemd's GC): it runs nowhere then
+            loaded = self.systemd.unit(unit) is not None
+            return loaded and self.systemd.control_group(unit) == "/" + path
+        except NumadError as err:
+            raise CgroupError(path, f"cannot ask systemd about {unit}: {err}") from err
+
+    def _workload_unit(self, path: str) -> str | None:
+        """The workload's unit, where numad writes it through systemd (v2 only)."""
+        if self.systemd is None or self.v1:
+            return None
+        return self.workload_units.get(path)
+
+    def _unit(self, path: str) -> str | None:
+        """The systemd unit whose control group ``path`` is, if systemd owns it (v2 only:
+        systemd sets cpusets only on the unified hierarchy)."""
+        if self.systemd is None or self.v1 or path not in self.isolated:
+            return None
+        if path not in self.units:
+            name = path.rsplit("/", maxsplit=1)[-1]
+            owned = None
+            if name.endswith(UNIT_SUFFIXES):
+                try:
+                    if self.systemd.unit(name) and self.systemd.control_group(name) == "/" + path:
+                        owned = name
+                except NumadError as err:
+                    raise CgroupError(path, f"cannot ask systemd about {name}: {err}") from err
+            self.units[path] = owned
+        return self.units[path]
+
+    def _set_unit(
+        self, path: str, unit: str, cpus: CPUSet | None, mems: NodeSet | None = None
+    ) -> None:
+        """AllowedCPUs= (and AllowedMemoryNodes=) at runtime, then wait until systemd
+        has written the files: the enforcer's order (shrink before granting) holds only
+        once the kernel has it. A unit not running gets them when it starts."""
+        assert self.systemd is not None
+        try:
+            self.systemd.set_allowed(unit, cpus, mems, runtime=True)
+        except NumadError as err:
+            raise CgroupError(path, f"systemd refused AllowedCPUs= for {unit}: {err}") from err
+        if cpus is None or not self.exists(path):
+            return
+        deadline = time.monotonic() + APPLY_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                now, now_mems = self._backend(path).read(path)
+            except NumadError:
+                now, now_mems = CPUSet(), NodeSet()  # systemd may drop the controller
+            if now == cpus and mems in (None, now_mems):
+                return
+            if time.monotonic() >= deadline:
+                asked = f"AllowedCPUs={cpus.format_list()}"
+                held = f"cpuset.cpus {now.format_list() or 'empty'}"
+                if mems is not None:
+                    asked += f" AllowedMemoryNodes={mems.format_list()}"
+                    held += f", cpuset.mems {now_mems.format_list() or 'empty'}"
+                raise CgroupError(
+                    path,
+                    f"systemd accepted {asked} for {unit} but the cgroup holds {held}"
+                    f" after {APPLY_SECONDS:.0f} s",
+                )
+            self.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    # -- what to give back -----------------------------------------------------------------
+
+    def _remember(self, path: str) -> None:
+        """Keep the cgroup's own setting, durably, before numad first changes it."""
+        if path in self.originals:
+            return
+        unit = self._unit(path)
+        if unit is not None:
+            assert self.systemd is not None
+            own = self.systemd.allowed(unit)[0]
+            self.originals[path] = {"via": "systemd", "unit": unit, "cpus": own.format_list()}
+        else:
+            own = self._backend(path).read(path)[0]
+            self.originals[path] = {"via": "cgroupfs", "cpus": own.format_list()}
+        try:
+            self._save()
+        except CheckpointError as err:
+            del self.originals[path]
+            raise CgroupError(path, f"cannot keep its own cpuset before changing it: {err}") from (
+                err
+            )
+
+    def _give_back(self, path: str) -> str | None:
+        """Write the cgroup's own setting back; the problem if that failed."""
+        own = self.originals[path]
+        cpus = CPUSet.parse_list(own.get("cpus", ""))
+        # v2 refuses an empty cpuset.cpus in a cgroup with tasks (ENOSPC), and so
+        # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
+        every = cpus or self.online
+        try:
+            if own.get("via") == "systemd" and self.systemd is not None:
+                self.systemd.set_allowed(own["unit"], every, None, runtime=True)
+                if not cpus:  # the property unset, as before (the file keeps every CPU)
+                    self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
+            elif self._backend(path).exists(path):
+                self._backend(path).write(path, every, None)
+                if not cpus and not self.v1:  # inherit again where the kernel allows it
+                    with contextlib.suppress(NumadError):
+                        self._backend(path).write(path, cpus, None)
+        except NumadError as err:
+            return f"{path}: cannot give its cpuset back: {err}"
+        self.log.info("cgroup_isolation_ended", cgroup=path, cpus=own.get("cpus") or "all")
+        return None
+
+    def _save(self) -> None:
+        data = json.dumps({"version": 1, "cgroups": self.originals}, sort_keys=True).encode()
+        write_file(self.state_dir, FILE, data, what="isolation record")
+
+    def restore(self) -> list[str]:
+        """Give every isolated cgroup its own setting back; returns the problems (a
+        cgroup that is gone has nothing to give back). The record is kept while any
+        cgroup could not be given back, so a later numad tries again."""
+        problems = []
+        for path in sorted(self.originals):
+            problem = self._give_back(path)
+            if problem:
+                problems.append(problem)
+        if not problems:
+            self.originals = {}
+            self._save()
+        self.isolated = set()
+        return problems
+
+
+def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
+    """The record a previous numad left (it stopped without giving everything back),
+    or nothing and why it could not be read (numad goes on; the user must look)."""
+    raw, problem = read_json(state_dir, FILE)
+    try:
+        if raw is None:
+            return {}, problem and f"{problem}. The cpusets it lists were numad's to give back"
+        cgroups = raw["cgroups"]
+        found = {str(p): {str(k): str(v) for k, v in own.items()} for p, own in cgroups.items()}
+        for own in found.values():
+            CPUSet.parse_list(own.get("cpus", ""))
+    except (TypeError, KeyError, AttributeError, NumadError) as err:
+        return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); restore by hand"
+    return found, None
+
+
+def host_parts(cgroups: object) -> dict[str, Any]:
+    """What ``Isolation`` needs to reach the top-level cgroups of ``cgroups``'s
+    hierarchy: its root and a backend of the same kind fenced to them. Nothing for a
+    backend without a hierarchy (a test double): only the managed roots are isolated."""
+    if not isinstance(cgroups, CgroupV2Backend | CgroupV1Backend):
+        return {}
+    kind, root, emulate = type(cgroups), cgroups.root, cgroups.emulate_kernel
+
+    def fenced(tops: list[str]) -> Cgroups:
+        return kind(root, tops, emulate_kernel=emulate)
+
+    return {"root": root, "host_backend": fenced, "v1": kind is CgroupV1Backend}

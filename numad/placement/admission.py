@@ -1,0 +1,275 @@
+"""Admission: hints from the three managers, the merge, the decision, the allocations.
+
+Pure core. ``Books`` is the whole allocation state (CPU, memory, devices) as
+one immutable value; ``admit`` returns new books and an ``Outcome`` and never
+changes the old ones, so a rejected or failed workload leaves no trace.
+Providers are asked in the kubelet's registration order: device manager, CPU
+manager, memory manager; allocation runs in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import AllocationError
+from numad.placement.explain import Asked, Explanation, NodeFree, explain
+from numad.placement.hints import ProviderHints
+from numad.placement.managers.cpu.state import ContainerKind, CPUState
+from numad.placement.managers.cpu.static import StaticPolicy
+from numad.placement.managers.device import DeviceState
+from numad.placement.managers.memory import MemoryState
+from numad.placement.policy import Decision, Machine, Policy, PolicyOptions, merge
+from numad.placement.scope import Container, Scope, effective_request
+
+
+class Reason(StrEnum):
+    TOPOLOGY = "TopologyAffinityError"  # the merge refused the workload
+    ALLOCATION = "UnexpectedAdmissionError"  # admitted by the merge, then an allocation failed
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    name: str
+    cpus: int = 0  # exclusive CPUs (0: the container runs on the shared pool)
+    memory: Mapping[str, int] = field(default_factory=dict)  # "memory", "hugepages-2Mi": bytes
+    devices: Mapping[str, int] = field(default_factory=dict)  # device class -> count
+    kind: ContainerKind = ContainerKind.APP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    name: str
+    containers: tuple[ContainerRequest, ...]
+    policy: Policy | None = None  # overrides the host's topology policy
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """The host's configuration for admission (everything but the state)."""
+
+    machine: Machine
+    cpu_policy: StaticPolicy
+    policy: Policy = Policy.BEST_EFFORT
+    options: PolicyOptions = field(default_factory=PolicyOptions)
+    scope: Scope = Scope.CONTAINER
+    memory_manager: bool = True  # static memory policy; False: the kubelet's "None"
+
+
+@dataclass(frozen=True, slots=True)
+class Books:
+    cpu: CPUState
+    memory: MemoryState
+    devices: DeviceState
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    cpus: CPUSet  # exclusive CPUs (empty: shared pool)
+    mems: NodeSet  # cpuset.mems (empty: no memory pinning)
+    devices: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    admitted: bool
+    decisions: tuple[tuple[str, Decision], ...]
+    placements: Mapping[str, Placement]
+    reason: Reason | None = None
+    detail: str = ""
+    failed_container: str | None = None
+    asked: Asked | None = None  # the decisive merge's request
+    free: tuple[NodeFree, ...] = ()  # what each node had free, on a rejection
+
+    @property
+    def explanation(self) -> Explanation | None:
+        """The explanation of the decisive merge (the rejected one, else the last); an
+        allocation that failed after the merge admitted makes it a rejection."""
+        if not self.decisions:
+            return None
+        failure = self.detail if self.reason is Reason.ALLOCATION else ""
+        for name, decision in self.decisions:
+            if name == self.failed_container:
+                return explain(decision, self.asked, self.free, failure)
+        return explain(self.decisions[-1][1], self.asked, self.free, failure)
+
+
+def _providers(
+    engine: Engine,
+    books: Books,
+    key: tuple[str, str],
+    request: ContainerRequest,
+    donors: Sequence[tuple[str, str]] = (),
+) -> list[ProviderHints]:
+    device: ProviderHints = {
+        name: books.devices.hints(key, name, count, donors)
+        for name, count in sorted(request.devices.items())
+        if count
+    }
+    cpu: ProviderHints = {}
+    if request.cpus:
+        cpu = {"cpu": books.cpu.hints(engine.cpu_policy, key[0], key[1], request.cpus)}
+    memory: ProviderHints = {}
+    if engine.memory_manager:
+        memory = books.memory.hints(request.memory) or {}
+    return [device, cpu, memory]
+
+
+def _allocate(
+    engine: Engine,
+    books: Books,
+    key: tuple[str, str],
+    request: ContainerRequest,
+    affinity: NodeSet | None,
+    *,
+    donors: Sequence[tuple[str, str]] = (),
+) -> Books:
+    devices = books.devices.allocate(key, request.devices, affinity, donors)
+    cpu = books.cpu.allocate(engine.cpu_policy, key, request.cpus, affinity, request.kind)
+    memory = books.memory
+    if engine.memory_manager:
+        memory = memory.allocate(key, request.memory, affinity)
+    return Books(cpu, memory, devices)
+
+
+def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Books, Outcome]:
+    """Admit ``workload`` or say why not; the returned books hold its allocations."""
+    policy = workload.policy or engine.policy
+    ordered = [c for c in workload.containers if c.kind is not ContainerKind.APP] + [
+        c for c in workload.containers if c.kind is ContainerKind.APP
+    ]
+    decisions: list[tuple[str, Decision]] = []
+    pod_decision: Decision | None = None
+    if engine.scope is Scope.POD:
+        pod = _pod_request(workload.name, ordered)
+        pod_decision = merge(
+            policy,
+            engine.options,
+            engine.machine,
+            _providers(engine, books, (workload.name, ""), pod),
+        )
+        if not pod_decision.admit:
+            decisions = [(c.name, pod_decision) for c in ordered]
+            return books, Outcome(
+                False,
+                tuple(decisions),
+                {},
+                Reason.TOPOLOGY,
+                failed_container=ordered[0].name,
+                asked=_asked(pod, "the pod"),
+                free=_free(engine, books, pod),
+            )
+    start = books
+    # The regular init containers allocated so far: they have run to completion when the
+    # next container starts, so it may take their devices over (the kubelet's reuse).
+    donors: list[tuple[str, str]] = []
+    for container in ordered:
+        key = (workload.name, container.name)
+        decision = pod_decision or merge(
+            policy,
+            engine.options,
+            engine.machine,
+            _providers(engine, books, key, container, donors),
+        )
+        decisions.append((container.name, decision))
+        if not decision.admit:
+            return start, Outcome(
+                False,
+                tuple(decisions),
+                {},
+                Reason.TOPOLOGY,
+                failed_container=container.name,
+                asked=_asked(container),
+                free=_free(engine, books, container),
+            )
+        try:
+            books = _allocate(engine, books, key, container, decision.affinity, donors=donors)
+        except AllocationError as err:
+            return start, Outcome(
+                False,
+                tuple(decisions),
+                {},
+                Reason.ALLOCATION,
+                err.problem,
+                failed_container=container.name,
+                asked=_asked(container),
+                free=_free(engine, books, container),
+            )
+        if container.kind is ContainerKind.INIT:
+            donors.append(key)
+    last = ordered[-1] if pod_decision is None else _pod_request(workload.name, ordered)
+    return books, Outcome(
+        True,
+        tuple(decisions),
+        placements(books, workload.name),
+        asked=_asked(last, "the pod" if pod_decision is not None else ""),
+    )
+
+
+def _asked(request: ContainerRequest, who: str = "") -> Asked:
+    return Asked(who or request.name, request.cpus, request.memory, request.devices)
+
+
+def _free(engine: Engine, books: Books, request: ContainerRequest) -> tuple[NodeFree, ...]:
+    """What each node has free of what ``request`` asks for (CPUs always)."""
+    topo = engine.cpu_policy.topo
+    available = books.cpu.available
+    memory = [r for r, b in sorted(request.memory.items()) if b] if engine.memory_manager else []
+    devices: dict[str, dict[int, int]] = {}
+    for name, count in sorted(request.devices.items()):
+        if count and name in books.devices.inventory.classes:
+            per_node = devices.setdefault(name, {})
+            for d in books.devices.free(name):
+                if d.node is not None:
+                    per_node[d.node] = per_node.get(d.node, 0) + 1
+    return tuple(
+        NodeFree(
+            node,
+            (available & topo.numa.get(node, 0)).bit_count(),
+            {r: books.memory.free(node, r) for r in memory},
+            {name: per_node.get(node, 0) for name, per_node in devices.items()},
+        )
+        for node in engine.machine.nodes
+    )
+
+
+def _pod_request(name: str, containers: Sequence[ContainerRequest]) -> ContainerRequest:
+    as_scope = [
+        Container(
+            c.name,
+            {"cpu": c.cpus, **c.memory, **{f"device:{k}": v for k, v in c.devices.items()}},
+            init=c.kind is not ContainerKind.APP,
+            sidecar=c.kind is ContainerKind.SIDECAR,
+        )
+        for c in containers
+    ]
+    total = effective_request(as_scope)
+    return ContainerRequest(
+        name,
+        cpus=total.pop("cpu", 0),
+        memory={k: v for k, v in total.items() if not k.startswith("device:")},
+        devices={k.removeprefix("device:"): v for k, v in total.items() if k.startswith("device:")},
+    )
+
+
+def placements(books: Books, workload: str) -> dict[str, Placement]:
+    names = {k[1] for k in books.cpu.assignments if k[0] == workload}
+    names |= {k[1] for k in books.memory.blocks if k[0] == workload}
+    names |= {k[1] for k in books.devices.held if k[0] == workload}
+    return {
+        name: Placement(
+            CPUSet.from_bits(books.cpu.assignments.get((workload, name), 0)),
+            books.memory.mems((workload, name)),
+            dict(books.devices.held.get((workload, name), {})),
+        )
+        for name in sorted(names)
+    }
+
+
+def release(books: Books, workload: str) -> Books:
+    """Give back everything the workload holds."""
+    return Books(
+        books.cpu.release(workload), books.memory.release(workload), books.devices.release(workload)
+    )

@@ -1,0 +1,225 @@
+"""The device manager: PCI devices grouped into classes, NUMA hints, tiered allocation.
+
+Pure core (reference/memory-device-managers.md section 2). A device's NUMA
+node is its PCI ``numa_node``; -1 (``None`` in the topology model) means the
+device has no node, exactly as a device plugin reporting no topology: it
+never counts inside a mask and is handed out last. ``local_cpulist`` is not
+used to guess a node: on machines where the firmware gives no node it
+usually lists every CPU, and the kubelet-exact behaviour is what users of the
+admission vectors expect.
+
+Where numad departs from the kubelet: allocation is deterministic. Within a
+tier, nodes with the most free devices of the class come first (then the
+lower node id), and within a node, ascending PCI address; the kubelet takes
+from an unordered set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from numad.cpuset import NodeSet
+from numad.errors import AllocationError, ConfigError
+from numad.placement.hintspace import HintSpace, min_width
+from numad.topology.model import PciDevice, Topology
+
+Key = tuple[str, str]  # (workload, container)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """Devices selected by PCI ids (all given selectors must match) or listed by address."""
+
+    name: str
+    vendor: str | None = None  # "0x10de"
+    device: str | None = None
+    class_prefix: str | None = None  # "0x0302": the start of the PCI class code
+    driver: str | None = None
+    addresses: tuple[str, ...] = ()
+
+    def matches(self, d: PciDevice) -> bool:
+        if self.addresses:
+            return d.address in self.addresses
+        if not any((self.vendor, self.device, self.class_prefix, self.driver)):
+            return False
+        return (
+            (self.vendor is None or d.vendor == self.vendor.lower())
+            and (self.device is None or d.device == self.device.lower())
+            and (
+                self.class_prefix is None
+                or (d.pci_class or "").startswith(self.class_prefix.lower())
+            )
+            and (self.driver is None or d.driver == self.driver)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    address: str
+    node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInventory:
+    """Every class's devices, in ascending address order."""
+
+    nodes: tuple[int, ...]  # every NUMA node of the machine: the masks' universe
+    classes: Mapping[str, tuple[Device, ...]]
+
+    @classmethod
+    def build(cls, topo: Topology, classes: Sequence[DeviceClass]) -> DeviceInventory:
+        found: dict[str, tuple[Device, ...]] = {}
+        owner: dict[str, str] = {}
+        for c in classes:
+            members = sorted(d.address for d in topo.pci_devices if c.matches(d))
+            for address in c.addresses:
+                if address not in {d.address for d in topo.pci_devices}:
+                    raise ConfigError(
+                        f"device class {c.name}", f"no PCI device {address} on this machine"
+                    )
+            for address in members:
+                if address in owner:
+                    raise ConfigError(
+                        f"device class {c.name}",
+                        f"device {address} is already in class {owner[address]}",
+                        "make the selectors of the two classes disjoint",
+                    )
+                owner[address] = c.name
+            by_address = {d.address: d for d in topo.pci_devices}
+            found[c.name] = tuple(Device(a, by_address[a].numa_node) for a in members)
+        return cls(tuple(n.id for n in topo.nodes), MappingProxyType(found))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    inventory: DeviceInventory
+    held: Mapping[Key, Mapping[str, tuple[str, ...]]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def in_use(self, name: str) -> set[str]:
+        return {a for per_class in self.held.values() for a in per_class.get(name, ())}
+
+    def free(self, name: str) -> tuple[Device, ...]:
+        used = self.in_use(name)
+        return tuple(d for d in self._devices(name) if d.address not in used)
+
+    def _devices(self, name: str) -> tuple[Device, ...]:
+        try:
+            return self.inventory.classes[name]
+        except KeyError:
+            known = ", ".join(sorted(self.inventory.classes)) or "none configured"
+            raise ConfigError(
+                f"device class {name}", "no such class", f"known classes: {known}"
+            ) from None
+
+    # -- hints (reference 2.2) -------------------------------------------------------------
+
+    def hints(
+        self, key: Key, name: str, count: int, reuse_from: Sequence[Key] = ()
+    ) -> HintSpace | tuple[()] | None:
+        """The kubelet's device hints (reference 2.2), described. ``reuse_from``: the
+        workload's finished init containers, whose devices this container may take
+        over: a mask must hold every one of them that has a node, and they count
+        toward the request."""
+        devices = self._devices(name)
+        if count <= 0 or all(d.node is None for d in devices):
+            return None  # the class has no topology: no preference
+        held = self.held.get(key, {}).get(name)
+        reusable: tuple[Device, ...] = ()
+        if held is not None:
+            if len(held) != count:
+                return ()
+            pool = tuple(d for d in devices if d.address in held)
+        else:
+            pool = self.free(name)
+            theirs = {a for donor in reuse_from for a in self.held.get(donor, {}).get(name, ())}
+            reusable = tuple(d for d in devices if d.address in theirs)
+            if len(pool) + len(reusable) < count:
+                return ()
+        ids = list(self.inventory.nodes)
+        size = max(ids, default=0) + 1
+        total, usable = [0] * size, [0] * size
+        for d in devices:
+            if d.node is not None and d.node in ids:
+                total[d.node] += 1
+        for d in pool:
+            if d.node is not None and d.node in ids:
+                usable[d.node] += 1
+        must = sum(1 << n for n in {d.node for d in reusable if d.node is not None})
+        placed = len([d for d in reusable if d.node is not None])  # the kubelet skips the rest
+        nodes = sum(1 << n for n in ids)
+        return HintSpace(
+            nodes,
+            (tuple(usable),),
+            (count - placed,),
+            min_width((tuple(total),), (count,), nodes),
+            must=must,
+        )
+
+    # -- allocation (reference 2.3, made deterministic) ---------------------------------------
+
+    def order(self, name: str, affinity: NodeSet | None) -> list[Device]:
+        """Free devices in the order they are handed out: aligned, unaligned, no node."""
+        free = self.free(name)
+        counts: dict[int, int] = {}
+        for d in free:
+            if d.node is not None:
+                counts[d.node] = counts.get(d.node, 0) + 1
+
+        def tier(d: Device) -> tuple[int, int, int, str]:
+            if d.node is None or affinity is None:
+                return (2, 0, 0, d.address)
+            aligned = 0 if d.node in affinity else 1
+            return (aligned, -counts[d.node], d.node, d.address)
+
+        return sorted(free, key=tier)
+
+    def allocate(
+        self,
+        key: Key,
+        request: Mapping[str, int],
+        affinity: NodeSet | None,
+        reuse_from: Sequence[Key] = (),
+    ) -> DeviceState:
+        """Devices for one container. Tiers: devices held by ``reuse_from`` (finished init
+        containers of the same workload, moved over), aligned, unaligned, no node."""
+        held = {k: dict(v) for k, v in self.held.items()}
+        mine = held.setdefault(key, {})
+        subject = f"{key[0]}/{key[1]}"
+        for name, count in sorted(request.items()):
+            if count <= 0 or name in mine:
+                continue
+            taken: list[str] = []
+            for donor in reuse_from:
+                if donor[0] != key[0] or donor == key:
+                    raise AllocationError(subject, f"cannot reuse devices of {donor[0]}/{donor[1]}")
+                theirs = list(held.get(donor, {}).get(name, ()))
+                while theirs and len(taken) < count:
+                    taken.append(theirs.pop(0))
+                if donor in held and name in held[donor]:
+                    held[donor][name] = tuple(theirs)
+            order = [d.address for d in self.order(name, affinity)]
+            if len(taken) + len(order) < count:
+                raise AllocationError(
+                    subject,
+                    f"requested number of devices unavailable for {name}. "
+                    f"Requested: {count}, Available: {len(taken) + len(order)}",
+                )
+            mine[name] = tuple(taken + order[: count - len(taken)])
+        frozen = {
+            k: MappingProxyType({n: a for n, a in v.items() if a})
+            for k, v in held.items()
+            if any(v.values())
+        }
+        return DeviceState(self.inventory, MappingProxyType(frozen))
+
+    def release(self, workload: str, container: str | None = None) -> DeviceState:
+        kept = {
+            k: v
+            for k, v in self.held.items()
+            if not (k[0] == workload and container in (None, k[1]))
+        }
+        return DeviceState(self.inventory, MappingProxyType(kept))

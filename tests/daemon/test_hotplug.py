@@ -1,0 +1,156 @@
+"""Hotplug: a fixture tree mutated between discoveries, and a simulated event source."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon import watch
+from numad.daemon.root import Daemon
+from numad.daemon.watch import Event, debounce, netlink_source
+from tests.conftest import Machines, recorded_daemon
+
+MACHINE = "32intel64-2p8co2t+8ve"  # node 0: CPUs 0-7,16-23; vector engines on node 0
+NODE0 = CPUSet.parse_list("0-7,16-23")
+
+
+def _daemon(machines: Machines, tmp_path: Path) -> Daemon:
+    daemon = recorded_daemon(machines, tmp_path, {"devices": {"ve": {"class-prefix": "0x0b40"}}})
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4, "devices": {"ve": 1}}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    return daemon
+
+
+def _root(daemon: Daemon) -> Path:
+    return Path(str(daemon.fs.root))
+
+
+def _held(daemon: Daemon) -> CPUSet:
+    return CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
+
+
+def test_a_cpu_going_offline_under_an_assignment_is_replaced(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    online = CPUSet.parse_list("0-31") - CPUSet([victim])
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    changes = daemon.rediscover()
+    after = _held(daemon)
+    assert len(after) == 4
+    assert victim not in after
+    assert after.issubset(NODE0)  # the replacement is on the same node
+    assert (before - CPUSet([victim])).issubset(after)  # the other CPUs stay
+    assert any("reassigned" in c for c in changes)
+    cgroup = _root(daemon) / "sys/fs/cgroup/numad.slice/db/cpuset.cpus"
+    assert CPUSet.parse_list(cgroup.read_text()) == after
+
+
+def test_no_free_cpu_to_replace_it_flags_the_container(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    # Only db's CPUs and the reserved ones stay online: nothing free to take over.
+    online = (before | CPUSet([0, 16])) - CPUSet([victim])
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    changes = daemon.rediscover()
+    assert _held(daemon) == before - CPUSet([victim])
+    assert any("flagged" in c for c in changes)
+    assert any("flagged" in p for p in daemon.problems)
+
+
+def test_cpus_coming_online_join_the_shared_pool(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    cpu_online = _root(daemon) / "sys/devices/system/cpu/online"
+    cpu_online.write_text("0-30\n")
+    daemon.rediscover()
+    assert 31 not in CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    cpu_online.write_text("0-31\n")
+    daemon.rediscover()
+    assert 31 in CPUSet.from_bits(daemon.books.cpu.shared_pool)
+
+
+def test_a_device_leaving_is_dropped_and_flagged(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    (address,) = daemon.books.devices.held[("db", "main")]["ve"]
+    (_root(daemon) / "sys/bus/pci/devices" / address).unlink()
+    changes = daemon.rediscover()
+    assert daemon.books.devices.held[("db", "main")]["ve"] == ()
+    assert any(address in c and "flagged" in c for c in changes)
+    assert daemon.books.devices.inventory.classes["ve"]  # the other engines are still there
+
+
+def test_events_are_debounced_into_bursts() -> None:
+    def source() -> Iterator[Event]:
+        for i in range(5):  # a hot-add brings several events at once
+            yield ("cpu", f"online-{i}")
+        time.sleep(0.5)
+        yield ("pci", "remove")
+
+    bursts: list[list[Event]] = []
+    debounce(source(), bursts.append, quiet=0.2)
+    assert [len(b) for b in bursts] == [5, 1]
+    assert bursts[1] == [("pci", "remove")]
+
+
+def test_a_node_appearing_joins_the_merge_and_the_pool(machines: Machines, tmp_path: Path) -> None:
+    daemon = _daemon(machines, tmp_path)
+    node_online = _root(daemon) / "sys/devices/system/node/online"
+    node_online.write_text("0\n")  # node 1 gone (its CPUs then sit on no node)
+    daemon.rediscover()
+    assert daemon.engine.machine.nodes == NodeSet([0])
+    assert CPUSet.from_bits(daemon.books.cpu.online).issubset(NODE0)
+    node_online.write_text("0-1\n")  # and back
+    daemon.rediscover()
+    assert daemon.engine.machine.nodes == NodeSet([0, 1])
+    assert CPUSet.from_bits(daemon.books.cpu.shared_pool).issuperset(
+        CPUSet.parse_list("8-15,24-31")
+    )
+    spec = {"name": "web", "cgroup": "numad.slice/web", "cpus": 8}
+    outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
+    assert outcome.admitted  # 8 CPUs on one node: node 1 is usable again
+
+
+def test_the_netlink_source_is_udev_only_where_udev_runs(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    assert netlink_source(control) == "kernel"  # no udev daemon: raw kernel uevents
+    control.touch()  # udevd's control socket
+    assert netlink_source(control) == "udev"
+
+
+@pytest.mark.parametrize("udev_runs", [False, True])
+def test_udev_events_listens_to_the_source_that_delivers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, udev_runs: bool
+) -> None:
+    control = tmp_path / "control"
+    if udev_runs:
+        control.touch()
+    sources: list[str] = []
+    events = iter(  # None: a message libudev filtered out, which must not end the stream
+        [
+            SimpleNamespace(subsystem="cpu", action="online"),
+            None,
+            SimpleNamespace(subsystem="node", action="add"),
+        ]
+    )
+
+    def from_netlink(context: object, source: str = "udev") -> Any:
+        sources.append(source)
+        return SimpleNamespace(filter_by=lambda subsystem: None, poll=lambda: next(events))
+
+    fake = SimpleNamespace(Context=object, Monitor=SimpleNamespace(from_netlink=from_netlink))
+    monkeypatch.setitem(sys.modules, "pyudev", fake)
+    monkeypatch.setattr(watch, "UDEV_CONTROL", control)
+    assert list(itertools.islice(watch.udev_events(), 2)) == [("cpu", "online"), ("node", "add")]
+    assert sources == ["udev" if udev_runs else "kernel"]

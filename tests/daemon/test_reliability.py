@@ -1,0 +1,426 @@
+"""numad under its own faults, one promise at a time (tests/campaign.py mixes them).
+
+A daemon on the recorded 2-socket machine with a scratch cgroup tree; faults
+come through a wrapped cgroup backend, the checkpoint's syscall seam, the
+machine's sysfs files and the config.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon import state
+from numad.daemon.instance import InstanceError, acquire
+from numad.daemon.loops import Supervisor, hotplug_loop, watchdog_loop
+from numad.daemon.metrics import Metrics
+from numad.daemon.root import Daemon
+from numad.daemon.watch import Event
+from numad.errors import CgroupError, CheckpointError
+from numad.host import durable
+from numad.host.scratch import scratch_mkdir
+from numad.observe import Problems
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
+
+NODE0 = CPUSet.parse_list("0-7,16-23")
+
+
+class Faulty:
+    """The real backend; ``fail`` names cgroups whose writes (or exists) fail."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.root = inner.root
+        self.fail_write: set[str] = set()
+        self.fail_exists: set[str] = set()
+        self.raise_once: BaseException | None = None
+
+    def exists(self, path: str) -> bool:
+        if self.raise_once is not None:
+            err, self.raise_once = self.raise_once, None
+            raise err
+        if path in self.fail_exists:
+            raise CgroupError(path, "cannot tell: injected")
+        return bool(self.inner.exists(path))
+
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        if path in self.fail_write:
+            raise CgroupError(path, "cannot write cpuset.cpus: injected EBUSY")
+        self.inner.write(path, cpus, mems)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _faulty(daemon: Daemon) -> Faulty:
+    faulty = Faulty(daemon.cgroups)
+    daemon.cgroups = daemon.isolation.cgroups = faulty
+    return faulty
+
+
+def _admit(daemon: Daemon, name: str, cpus: int | str, **extra: Any) -> bool:
+    spec = {"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus, **extra}
+    return daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+
+
+def _cpus(daemon: Daemon, name: str) -> CPUSet:
+    root = Path(str(daemon.fs.root)) / "sys/fs/cgroup/numad.slice" / name / "cpuset.cpus"
+    return CPUSet.parse_list(root.read_text())
+
+
+def _held(daemon: Daemon, name: str) -> CPUSet:
+    return CPUSet.from_bits(daemon.books.cpu.assignments.get((name, "main"), 0))
+
+
+def _loop_errors(daemon: Daemon, loop: str) -> float | None:
+    return daemon.metrics.registry.get_sample_value("numad_loop_errors_total", {"loop": loop})
+
+
+# -- supervision ---------------------------------------------------------------------------
+
+
+def test_a_failing_reconcile_pass_is_counted_shown_and_the_next_one_clears_it(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 2)
+    _faulty(daemon).raise_once = RuntimeError("a bug")
+    assert not daemon.supervisor.run_once("reconcile", daemon.reconcile)
+    assert _loop_errors(daemon, "reconcile") == 1
+    assert daemon.problems == ["reconcile loop: RuntimeError: a bug; retried next pass"]
+    assert daemon.supervisor.run_once("reconcile", daemon.reconcile)
+    assert daemon.problems == []
+
+
+def test_the_hotplug_loop_survives_a_failing_rediscovery() -> None:
+    log, stop, calls = _Log(), threading.Event(), []
+
+    def events() -> Iterator[Event]:
+        calls.append("open")
+        if calls.count("open") == 3:
+            stop.set()  # the third time the source is opened: enough
+            return
+        yield ("cpu", "offline")
+
+    def rediscover() -> None:
+        calls.append("rediscover")
+        if calls.count("rediscover") == 1:
+            raise OSError("sysfs went away")
+
+    metrics = Metrics()
+    supervisor = Supervisor(log, metrics, _problems())
+    thread = threading.Thread(target=hotplug_loop, args=(supervisor, events, rediscover, stop))
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert calls.count("rediscover") == 2  # after the failure, the next burst is handled
+    assert metrics.registry.get_sample_value("numad_loop_errors_total", {"loop": "hotplug"}) == 1
+    assert "loop_failed" in log.events
+
+
+def test_the_watchdog_is_fed_only_while_reconcile_makes_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(2)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        now = [100.0]
+        supervisor = Supervisor(_Log(), Metrics(), _problems(), clock=lambda: now[0])
+        supervisor.progress["reconcile"] = 100.0
+        stop = threading.Event()
+        thread = threading.Thread(target=watchdog_loop, args=(supervisor, stop, 0.05, 30.0))
+        thread.start()
+        try:
+            assert sock.recv(64) == b"WATCHDOG=1"
+            now[0] = 131.0  # no reconcile pass for 31 s: stuck or failing
+            while True:  # drain what was sent before the clock moved
+                sock.settimeout(0.5)
+                try:
+                    sock.recv(64)
+                except TimeoutError:
+                    break
+            with pytest.raises(TimeoutError):
+                sock.recv(64)
+            supervisor.progress["reconcile"] = 131.0  # a pass succeeds again
+            sock.settimeout(2)
+            assert sock.recv(64) == b"WATCHDOG=1"
+        finally:
+            stop.set()
+            thread.join(5)
+
+
+def test_numad_is_not_ready_while_its_cgroup_tree_is_gone(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    tree.rename(tree.with_name("cgroup.away"))
+    daemon.reconcile()
+    assert not daemon.ready
+    assert any("the cgroup hierarchy is gone" in p for p in daemon.problems)
+    tree.with_name("cgroup.away").rename(tree)
+    daemon.reconcile()
+    assert daemon.ready
+
+
+# -- commit or nothing ---------------------------------------------------------------------
+
+
+def test_an_unwritable_checkpoint_changes_nothing_and_numad_is_not_ready_until_it_is(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    before = daemon.books
+    daemon.syscalls = durable.Syscalls.injecting(durable.Fault.ENOSPC)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        _admit(daemon, "db", 4)
+    assert daemon.specs == {}
+    assert daemon.books == before
+    assert not daemon.ready
+    assert _cpus(daemon, "db") == CPUSet()  # no cgroup was written
+    daemon.syscalls = durable.SYSCALLS
+    daemon.reconcile()  # writes the checkpoint again: numad is ready once it can
+    assert daemon.ready
+    assert _admit(daemon, "db", 4)
+
+
+def test_numad_starts_not_ready_on_an_unwritable_state_dir_and_recovers(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    again = Daemon(daemon.config, daemon.fs, daemon.cgroups, daemon.state_dir, daemon.log)
+    again.syscalls = durable.Syscalls.injecting(durable.Fault.EIO)
+    again.start()  # no crash loop under systemd: started, not ready, and says why
+    assert again.started
+    assert not again.ready
+    assert "db" in again.specs
+    assert any("numad cannot commit changes" in p for p in again.problems)
+    again.syscalls = durable.SYSCALLS
+    again.reconcile()
+    assert again.ready
+
+
+def test_a_cgroup_fault_after_the_commit_still_admits_and_is_shown_until_it_heals(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    faulty = _faulty(daemon)
+    faulty.fail_exists.add("numad.slice/db")
+    assert _admit(daemon, "db", 4)  # committed: the answer says so
+    assert "db" in state.read(daemon.state_dir)[0].workloads  # type: ignore[union-attr]
+    assert any(p.startswith("numad.slice/db: cannot tell") for p in daemon.problems)
+    faulty.fail_exists.clear()
+    daemon.reconcile()
+    assert _cpus(daemon, "db") == _held(daemon, "db")
+    assert daemon.problems == []
+
+
+def test_a_shared_cgroup_that_cannot_shrink_holds_the_exclusive_grant_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", "numad.slice/web")
+    assert _admit(daemon, "web", "500m")
+    faulty = _faulty(daemon)
+    faulty.fail_write.add("numad.slice/web")
+    assert _admit(daemon, "db", 4)
+    db = _held(daemon, "db")
+    assert db & _cpus(daemon, "web") == db  # web still runs there ...
+    assert "numad.slice/db" not in daemon.enforcer.grants  # ... so db is not given them yet
+    assert _cpus(daemon, "db") != db  # (it runs on the shared pool, as no workload's did)
+    assert any("not granted yet: numad.slice/web" in p for p in daemon.problems)
+    assert any(p.startswith("numad.slice/web: cannot write") for p in daemon.problems)
+    faulty.fail_write.clear()
+    daemon.reconcile()
+    assert _cpus(daemon, "db") == db
+    assert not db & _cpus(daemon, "web")
+    assert daemon.problems == []
+
+
+# -- nothing dropped ---------------------------------------------------------------------------
+
+
+def test_a_cpu_offline_while_numad_was_stopped_is_replaced_on_its_node(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    before = _held(daemon, "db")
+    victim = before.max()
+    online = Path(str(daemon.fs.root)) / "sys/devices/system/cpu/online"
+    online.write_text((CPUSet.parse_list("0-31") - CPUSet([victim])).format_list() + "\n")
+    again = restarted_daemon(daemon)
+    after = _held(again, "db")
+    assert len(after) == 4
+    assert victim not in after
+    assert after.issubset(NODE0)
+    assert _cpus(again, "db") == after
+    assert _admit(again, "batch", 8)
+    assert not _held(again, "batch") & after
+
+
+def test_a_workload_that_no_longer_fits_stays_unplaced_on_the_pool_and_comes_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    ve = {"devices": {"ve": {"class-prefix": "0x0b40"}}}
+    daemon = recorded_daemon(machines, tmp_path, ve)
+    assert _admit(daemon, "db", 4, devices={"ve": 1})
+    held = _held(daemon, "db")
+    stripped = restarted_daemon(daemon)  # the device class left the config
+    listed = stripped.show("db")
+    assert "unplaced" in listed
+    assert any(p.startswith("db: unplaced:") for p in stripped.problems)
+    assert _cpus(stripped, "db") == CPUSet.from_bits(stripped.books.cpu.shared_pool)
+    scratch_mkdir(Path(str(stripped.fs.root)) / "sys/fs/cgroup", "numad.slice/other")
+    assert _admit(stripped, "other", 14)  # db's old CPUs are free again ...
+    assert _held(stripped, "other") & held  # ... and handed out, once db left them
+    assert not _cpus(stripped, "db") & _cpus(stripped, "other")
+    assert stripped.list_all()[0]["name"] == "db"  # never dropped
+    shutil.rmtree(Path(str(stripped.fs.root)) / "sys/fs/cgroup/numad.slice/other")
+    stripped.release("other")
+    back = restarted_daemon(stripped, ve)  # the class is back: db is placed again
+    assert "unplaced" not in back.show("db")
+    assert len(_held(back, "db")) == 4
+    assert _cpus(back, "db") == _held(back, "db")
+
+
+def test_a_unit_restart_within_the_grace_period_keeps_its_placement(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    now = [0.0]
+    daemon.clock = lambda: now[0]
+    assert _admit(daemon, "db", 4)
+    held = _held(daemon, "db")
+    cgroups = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    shutil.rmtree(cgroups / "numad.slice/db")  # the unit stops ...
+    daemon.reconcile()
+    now[0] = 29.0
+    daemon.reconcile()
+    scratch_mkdir(cgroups, "numad.slice/db")  # ... and starts again: an empty cpuset
+    daemon.reconcile()
+    assert _held(daemon, "db") == held
+    assert _cpus(daemon, "db") == held
+    now[0] = 30.0
+    shutil.rmtree(cgroups / "numad.slice/db")  # gone for good
+    daemon.reconcile()
+    now[0] = 59.0
+    daemon.reconcile()
+    assert "db" in daemon.specs
+    now[0] = 60.0
+    daemon.reconcile()
+    assert "db" not in daemon.specs
+
+
+# -- stable host settings ---------------------------------------------------------------------
+
+
+def test_reserved_cpus_are_kept_across_restarts_and_hotplug(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    reserved = CPUSet.from_bits(daemon.reserved)
+    assert len(reserved) == 2
+    online = Path(str(daemon.fs.root)) / "sys/devices/system/cpu/online"
+    first = reserved.min()
+    online.write_text((CPUSet.parse_list("0-31") - CPUSet([first])).format_list() + "\n")
+    again = restarted_daemon(daemon)  # the allocator alone would now reserve another CPU
+    assert CPUSet.from_bits(again.reserved) == reserved
+    again.rediscover()
+    online.write_text("0-31\n")
+    again.rediscover()  # back online: still reserved
+    assert CPUSet.from_bits(again.books.cpu.reserved) == reserved
+    assert _admit(again, "all", 14)
+    assert _admit(again, "rest", 14)
+    assert not (_held(again, "all") | _held(again, "rest")) & reserved
+    changed = restarted_daemon(again, {"cpu": {"reserved-count": 3}})  # the config changes them
+    assert len(CPUSet.from_bits(changed.reserved)) == 3
+    for name in ("all", "rest"):  # a workload on a newly reserved CPU is re-placed
+        assert not _held(changed, name) & CPUSet.from_bits(changed.reserved)
+
+
+# -- small defects ---------------------------------------------------------------------------
+
+
+def test_reloading_does_not_repeat_a_problem(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    declared = Path(daemon.config.paths.workloads_dir)
+    declared.mkdir(parents=True)
+    (declared / "broken.toml").write_text('name = "broken"\ncpus = -1\n')
+    daemon.reload_workloads()
+    daemon.reload_workloads()
+    assert len([p for p in daemon.problems if "broken.toml" in p]) == 1
+
+
+def test_what_numad_remembers_of_a_cgroup_goes_with_it(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    daemon.release("db")
+    shutil.rmtree(Path(str(daemon.fs.root)) / "sys/fs/cgroup/numad.slice/db")
+    daemon.reconcile()
+    e = daemon.enforcer
+    for known in (e.written, e.ensured, e.drift, e.grants, daemon.outcomes, daemon.orphans):
+        assert not any("db" in str(key) for key in known)
+
+
+def test_a_second_instance_is_refused_naming_the_first(tmp_path: Path) -> None:
+    lock = acquire(tmp_path)
+    with pytest.raises(InstanceError, match=r"another numad \(pid \d+\) is running"):
+        acquire(tmp_path)
+    lock.release()
+    acquire(tmp_path).release()  # the holder is gone: the lock is free
+
+
+def test_a_signed_but_malformed_checkpoint_is_kept_aside_and_numad_starts(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    body = {"reserved": "0,16", "orphans": ["/etc"], "workloads": {"db": {"spec": 3}}}
+    digest = state._checksum(body)
+    (daemon.state_dir / state.FILE).write_text(
+        json.dumps({"version": 1, "checksum": digest, "body": body})
+    )
+    again = restarted_daemon(daemon)
+    assert again.ready
+    assert any("kept aside" in p for p in again.problems)
+    assert list(daemon.state_dir.glob(f"{state.FILE}.corrupt.*"))
+
+
+def test_an_orphan_outside_the_managed_roots_does_not_stop_start_up(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    daemon.release("db")  # numad.slice/db is an orphan now
+    again = restarted_daemon(daemon, {"paths": {"managed-roots": ["other.slice"]}})
+    assert again.ready
+    assert again.orphans == set()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def _add(self, event: str, **_kw: Any) -> None:
+        self.events.append(event)
+
+    info = warning = error = exception = _add
+
+
+def _problems() -> Problems:
+    return Problems()

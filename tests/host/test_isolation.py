@@ -1,0 +1,356 @@
+"""Host isolation inside the managed roots: a cgroup there that is no workload's runs
+only on the shared pool (and reserved CPUs), never on an exclusive CPU, and gets every
+CPU back when numad stops. On the recorded 2-socket machine with a scratch v2 tree."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.root import Daemon
+from numad.errors import CgroupError
+from numad.host import isolation
+from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.host.scratch import scratch_mkdir
+from numad.host.systemd_bus import SystemdError
+from numad.host.unmovable import unmovable
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
+
+
+def _tree(daemon: Daemon) -> Path:
+    return Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+
+
+def _cpus(daemon: Daemon, path: str) -> CPUSet:
+    return CPUSet.parse_list((_tree(daemon) / path / "cpuset.cpus").read_text())
+
+
+def _admit(daemon: Daemon, spec: dict[str, object]) -> None:
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+
+
+def test_a_cgroup_that_is_no_workloads_never_runs_on_exclusive_cpus(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    for path in ("numad.slice/stray", "numad.slice/stray/child", "numad.slice/pod/sidecar"):
+        scratch_mkdir(_tree(daemon), path)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _admit(
+        daemon,
+        {
+            "name": "pod",
+            "cgroup": "numad.slice/pod",
+            "containers": [{"name": "main", "cgroup": "main", "cpus": 4}],
+        },
+    )
+    scratch_mkdir(_tree(daemon), "numad.slice/pod/main")
+    scratch_mkdir(_tree(daemon), "numad.slice/db/runtime-child")  # inside a workload
+    daemon.reconcile()  # new cgroups are isolated as they appear
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    for path in ("numad.slice/stray", "numad.slice/stray/child", "numad.slice/pod/sidecar"):
+        assert _cpus(daemon, path) == pool, path
+        assert not _cpus(daemon, path) & exclusive
+    assert _cpus(daemon, "numad.slice/pod") == CPUSet()  # above a workload: untouched
+    assert _cpus(daemon, "numad.slice/db/runtime-child") == CPUSet()  # db's own business
+    assert "numad.slice/stray" in daemon.others
+    daemon.release("db")  # the pool grows: so do the isolated cgroups
+    assert _cpus(daemon, "numad.slice/stray") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+
+
+def test_a_cgroup_admitted_later_is_no_longer_isolated(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(_tree(daemon), "numad.slice/late")
+    daemon.reconcile()
+    assert "numad.slice/late" in daemon.others
+    _admit(daemon, {"name": "late", "cgroup": "numad.slice/late", "cpus": 4})
+    held = CPUSet.from_bits(daemon.books.cpu.assignments[("late", "main")])
+    assert _cpus(daemon, "numad.slice/late") == held
+    daemon.reconcile()
+    assert "numad.slice/late" not in daemon.others
+
+
+def test_stopping_gives_every_cpu_back(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(_tree(daemon), "numad.slice/stray")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    assert _cpus(daemon, "numad.slice/stray")
+    daemon.stop()
+    assert _cpus(daemon, "numad.slice/stray") == CPUSet()  # inherits its parent's again
+    daemon.reconcile()  # a pass that was waiting for the lock changes nothing
+    assert _cpus(daemon, "numad.slice/stray") == CPUSet()
+
+
+def test_isolation_can_be_turned_off(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path, {"host": {"isolate": False}})
+    scratch_mkdir(_tree(daemon), "numad.slice/stray")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    assert _cpus(daemon, "numad.slice/stray") == CPUSet()
+    assert daemon.others == set()
+
+
+# -- the other top-level cgroups --------------------------------------------------------
+
+TOPS = ("system.slice", "user.slice", "init.scope")
+
+
+def _host_tree(machines: Machines, tmp_path: Path, **extra: object) -> Daemon:
+    daemon = recorded_daemon(machines, tmp_path, dict(extra) or None)
+    for path in (*TOPS, "system.slice/sshd.service"):
+        scratch_mkdir(_tree(daemon), path)
+    return daemon
+
+
+def test_the_other_top_level_cgroups_stay_off_exclusive_cpus(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "user.slice/cpuset.cpus").write_text("0-11")  # the admin's own setting
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert exclusive
+    assert pool
+    for top in TOPS:
+        assert _cpus(daemon, top) == pool, top
+        assert daemon.isolation.via(top) == "cgroupfs"
+    # A child inherits: v2 never lets it use what its parent has not.
+    assert _cpus(daemon, "system.slice/sshd.service") == CPUSet()
+    assert "cpuset" in (_tree(daemon) / "cgroup.subtree_control").read_text().split()
+    record = json.loads((daemon.state_dir / "isolation.json").read_text())["cgroups"]
+    assert record["user.slice"] == {"via": "cgroupfs", "cpus": "0-11"}
+    assert record["system.slice"] == {"via": "cgroupfs", "cpus": ""}
+    scratch_mkdir(_tree(daemon), "machine.slice")  # a new one is isolated as it appears
+    daemon.reconcile()
+    assert _cpus(daemon, "machine.slice") == pool
+    daemon.stop()
+    assert _cpus(daemon, "system.slice") == CPUSet()
+    assert _cpus(daemon, "user.slice") == CPUSet.parse_list("0-11")  # as it was, not "all"
+    assert _cpus(daemon, "machine.slice") == CPUSet()
+    assert json.loads((daemon.state_dir / "isolation.json").read_text())["cgroups"] == {}
+
+
+def test_a_crashed_numad_leaves_the_record_and_the_next_one_gives_everything_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "user.slice/cpuset.cpus").write_text("2-5")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    assert _cpus(daemon, "user.slice") != CPUSet.parse_list("2-5")
+    # SIGKILL: no stop. The next numad reads what was the cgroups' own, not its own writes.
+    again = restarted_daemon(daemon)
+    again.reconcile()
+    again.release("db")
+    again.stop()
+    assert _cpus(again, "user.slice") == CPUSet.parse_list("2-5")
+    assert _cpus(again, "system.slice") == CPUSet()
+
+
+def test_an_unreadable_record_is_kept_aside_and_shown(machines: Machines, tmp_path: Path) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.reconcile()
+    (daemon.state_dir / "isolation.json").write_text("{not json")
+    again = restarted_daemon(daemon)
+    assert any("isolation.json: unreadable" in p for p in again.problems)
+    assert list(again.state_dir.glob("isolation.json.corrupt.*"))
+
+
+def test_a_record_that_cannot_be_written_stops_the_change_not_numad(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.isolation.state_dir = tmp_path / "file-not-dir"  # every record write fails
+    (tmp_path / "file-not-dir").write_text("")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    # The top-level cgroups were not changed (their own setting could not be kept
+    # first), and the exclusive set waits: they may still run there.
+    assert _cpus(daemon, "system.slice") == CPUSet()
+    assert any("cannot keep its own cpuset" in p for p in daemon.problems)
+    assert any("not granted yet" in p for p in daemon.problems)
+
+
+class FakeSystemd:
+    """Stands in for systemd's D-Bus API, which this host does not run (the VM tier
+    runs the real one): it owns the units it is given and, like systemd, writes
+    ``AllowedCPUs=`` into the unit's cgroup, or nothing when ``broken``."""
+
+    def __init__(self, tree: Path, units: dict[str, str]) -> None:
+        self.units = units  # name -> control group
+        self.allowed_cpus: dict[str, CPUSet] = {n: CPUSet() for n in units}
+        self.allowed_mems: dict[str, NodeSet] = {n: NodeSet() for n in units}
+        self.calls: list[tuple[str, str]] = []
+        self.tree = tree
+        self.broken = False
+        self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
+        self.unloaded: set[str] = set()  # stopped and unloaded by systemd's GC
+
+    def unit(self, name: str) -> str | None:
+        known = name in self.units and name not in self.unloaded
+        return f"/org/freedesktop/systemd1/unit/{name}" if known else None
+
+    def load(self, name: str) -> str:
+        if name not in self.units:
+            raise SystemdError(name, "systemd cannot load it (LoadState=not-found)")
+        self.unloaded.discard(name)
+        return f"/org/freedesktop/systemd1/unit/{name}"
+
+    def running(self, name: str) -> bool:
+        return name not in self.stopped and (self.tree / self.units[name].lstrip("/")).is_dir()
+
+    def stop(self, name: str, *, unload: bool = False) -> None:
+        """A stop whose cgroup the kernel would not remove (busy with exiting tasks):
+        the directory stays, and systemd no longer calls it the unit's; ``unload``:
+        then systemd's GC unloads the unit, as it does an unreferenced inactive one."""
+        self.stopped.add(name)
+        if unload:
+            self.unloaded.add(name)
+
+    def control_group(self, name: str) -> str | None:
+        """As systemd: a unit has a control group only while it runs; asking about
+        a unit that is not loaded is an error."""
+        if name in self.unloaded:
+            raise SystemdError(name, "cannot read ControlGroup: systemd has no such unit loaded")
+        return self.units[name] if name in self.units and self.running(name) else None
+
+    def slice(self, name: str) -> str:
+        return self.units[name].strip("/").split("/")[-2]
+
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
+        return self.allowed_cpus[name], self.allowed_mems[name]
+
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None:
+        assert runtime
+        assert cpus is not None
+        self.calls.append((name, cpus.format_list()))
+        self.allowed_cpus[name] = cpus
+        if mems is not None:
+            self.allowed_mems[name] = mems
+        if not self.broken and self.running(name):
+            self.apply(name, cpus, mems)
+
+    def start(self, name: str) -> None:
+        """A unit's start: its cgroup made, and what is set applied to it at once."""
+        self.stopped.discard(name)
+        self.unloaded.discard(name)
+        scratch_mkdir(self.tree, self.units[name].lstrip("/"))
+        self.apply(name, self.allowed_cpus[name], self.allowed_mems[name] or None)
+
+    def apply(self, name: str, cpus: CPUSet, mems: NodeSet | None) -> None:
+        path = self.units[name].lstrip("/")
+        with contextlib.suppress(CgroupError):  # ENOSPC: systemd logs it and goes on
+            CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, mems)
+
+
+def test_units_systemd_owns_are_isolated_through_systemd(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    units = {"system.slice": "/system.slice", "user.slice": "/user.slice"}
+    fake = FakeSystemd(_tree(daemon), units)
+    fake.allowed_cpus["user.slice"] = CPUSet.parse_list("0-3")  # set by the admin
+    daemon.isolation.systemd = fake
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert fake.allowed_cpus["system.slice"] == pool
+    assert _cpus(daemon, "system.slice") == pool
+    assert daemon.isolation.via("system.slice") == "systemd system.slice"
+    assert daemon.isolation.via("init.scope") == "cgroupfs"  # not one of systemd's here
+    assert _cpus(daemon, "init.scope") == pool
+    daemon.stop()
+    assert fake.allowed_cpus == {"system.slice": CPUSet(), "user.slice": CPUSet.parse_list("0-3")}
+    assert _cpus(daemon, "init.scope") == CPUSet()
+
+
+def test_an_exclusive_set_waits_while_systemd_has_not_applied_the_shrink(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    fake.broken = True
+    daemon.isolation.systemd = fake
+    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    assert _cpus(daemon, "numad.slice/db") == CPUSet()  # not granted
+    assert any("systemd accepted AllowedCPUs=" in p for p in daemon.problems)
+    assert any("not granted yet" in p for p in daemon.problems)
+    fake.broken = False
+    fake.calls.clear()
+    daemon.reconcile()
+    held = CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
+    assert _cpus(daemon, "numad.slice/db") == held
+    assert not _cpus(daemon, "system.slice") & held
+
+
+def test_what_cannot_be_moved_is_listed_not_hidden(tmp_path: Path) -> None:
+    """The root cgroup's tasks, from a /proc laid out as the kernel's (proc(5))."""
+    root, proc = tmp_path / "cgroup", tmp_path / "proc"
+    root.mkdir()
+    (root / "cgroup.procs").write_text("2\n15\n40\n77\n")
+    tasks = {  # pid: (comm, flags, Cpus_allowed_list)
+        2: ("kthreadd", 0x00208040, "0-31"),
+        15: ("ksoftirqd/1", 0x04208040, "1"),
+        40: ("my (odd) name", 0x00400100, "4-7"),  # a process left in the root cgroup
+    }
+    for pid, (comm, flags, allowed) in tasks.items():
+        (proc / str(pid)).mkdir(parents=True)
+        rest = " ".join(["S", "0", "0", "0", "0", "-1", str(flags)] + ["0"] * 40)
+        (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) {rest}\n")
+        (proc / str(pid) / "status").write_text(f"Name:\t{comm}\nCpus_allowed_list:\t{allowed}\n")
+    found = unmovable(root, CPUSet.parse_list("4-5"), proc)
+    assert found == {
+        "tasks": [
+            {"pid": 2, "name": "kthreadd", "kernel_thread": True, "cpus": "0-31"},
+            {"pid": 40, "name": "my (odd) name", "kernel_thread": False, "cpus": "4-7"},
+        ],
+        "not_shown": 1,  # pid 77: gone, or hidden by ProtectProc=invisible
+    }
+    assert unmovable(root, CPUSet(), proc) == {"tasks": [], "not_shown": 0}
+
+
+def test_the_host_view_shows_each_isolated_cgroup_and_how(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = _host_tree(machines, tmp_path)
+    daemon.isolation.systemd = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    view = daemon.host()
+    pool = str(CPUSet.from_bits(daemon.books.cpu.shared_pool))
+    assert view["isolate"] is True
+    assert view["shared"] == pool
+    assert {"cgroup": "system.slice", "via": "systemd system.slice", "cpus": pool} in view[
+        "isolated"
+    ]
+    assert {"cgroup": "init.scope", "via": "cgroupfs", "cpus": pool} in view["isolated"]
+    assert view["unmovable"] == {"tasks": [], "not_shown": 0}  # the scratch root has none
+
+
+def test_a_cgroup_with_tasks_gets_every_cpu_back_though_v2_refuses_an_empty_cpuset(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """v2 answers ENOSPC to an empty cpuset.cpus in a cgroup with tasks (the scratch
+    kernel too): systemd's own reset fails there, seen under the real systemd."""
+    daemon = _host_tree(machines, tmp_path)
+    (_tree(daemon) / "system.slice/cgroup.procs").write_text("1\n")
+    fake = FakeSystemd(_tree(daemon), {"init.scope": "/init.scope"})
+    (_tree(daemon) / "init.scope/cgroup.procs").write_text("1\n")
+    daemon.isolation.systemd = fake
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    assert _cpus(daemon, "system.slice") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon.stop()
+    online = daemon.topology.online_cpus
+    assert _cpus(daemon, "system.slice") == online  # every CPU, not numad's pool
+    assert _cpus(daemon, "init.scope") == online
+    assert fake.allowed_cpus["init.scope"] == CPUSet()  # the property unset, as before
+    assert not daemon.problems

@@ -1,0 +1,354 @@
+"""numad.host.systemd_bus against a fake systemd.
+
+No systemd runs on this host (a container), so these tests talk to a FAKE
+standing in for systemd: a peer in a thread on a Unix socket in tmp_path, which
+authenticates like systemd's private socket (SASL EXTERNAL, no Hello) and
+answers with jeepney's message parsing and building. It implements GetUnit,
+SetUnitProperties (recording what it was sent) and Properties.Get of
+AllowedCPUs, AllowedMemoryNodes and ControlGroup, and can be told to stall.
+The real systemd is talked to in the VM tier.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# jeepney ships no type information (no py.typed).
+from jeepney import (
+    HeaderFields,
+    Message,
+    Parser,
+    new_error,
+    new_method_return,
+)
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.host import systemd_bus
+from numad.host.systemd_bus import Systemd, SystemdError, from_dbus, to_dbus
+
+UNIT_PATH = "/org/freedesktop/systemd1/unit/"
+INTERFACES = {"service": "Service", "slice": "Slice", "scope": "Scope"}
+
+
+def object_path(unit: str) -> str:
+    """systemd's escaping of a unit name into its object path (``.`` is ``_2e``)."""
+    return UNIT_PATH + "".join(c if c.isalnum() else f"_{ord(c):02x}" for c in unit)
+
+
+class FakeSystemd:
+    """A stand-in for systemd's private socket, serving one connection at a time."""
+
+    def __init__(self, path: Path, control_groups: dict[str, str]) -> None:
+        self.address = f"unix:path={path}"
+        self.values: dict[str, dict[str, bytes | str]] = {
+            unit: {"AllowedCPUs": b"", "AllowedMemoryNodes": b"", "ControlGroup": cg}
+            for unit, cg in control_groups.items()
+        }
+        self.calls: list[tuple[str, bool, list[tuple[str, tuple[str, bytes]]]]] = []
+        self.members: list[str] = []
+        self.stall = threading.Event()
+        self._stop = threading.Event()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen()
+        self._server.settimeout(0.05)
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._server.close()
+        assert not self._thread.is_alive(), "the fake systemd did not stop"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(0.05)
+                self._serve(conn)
+
+    def _chunks(self, conn: socket.socket) -> Iterator[bytes]:
+        """What the client sends, until it hangs up or the fake is stopped."""
+        while not self._stop.is_set():
+            try:
+                data = conn.recv(1 << 16)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            yield data
+
+    def _serve(self, conn: socket.socket) -> None:
+        chunks = self._chunks(conn)
+        data, answered = b"", False
+        for chunk in chunks:
+            data += chunk
+            if not answered and b"\r\n" in data and not self.stall.is_set():
+                assert data.startswith(b"\0AUTH EXTERNAL "), data
+                conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
+                answered = True
+            if b"BEGIN\r\n" in data:
+                break
+        else:
+            return
+        parser = Parser()
+        parser.add_data(data.partition(b"BEGIN\r\n")[2])
+        serials = itertools.count(1)
+        while True:
+            while (message := parser.get_next_message()) is not None:
+                if not self.stall.is_set():
+                    conn.sendall(self._answer(message).serialise(serial=next(serials)))
+            more = next(chunks, None)
+            if more is None:
+                return
+            parser.add_data(more)
+
+    def _answer(self, message: Message) -> Message:
+        member = message.header.fields[HeaderFields.member]
+        self.members.append(member)
+        handlers = {
+            "Hello": lambda m: new_method_return(m, "s", (":1.42",)),
+            "GetUnit": self._get_unit,
+            "SetUnitProperties": self._set_unit_properties,
+            "Get": self._get,
+        }
+        if member not in handlers:
+            error = "org.freedesktop.DBus.Error.UnknownMethod"
+            return new_error(message, error, "s", (f"no method {member}",))
+        return handlers[member](message)
+
+    def _get_unit(self, message: Message) -> Message:
+        (name,) = message.body
+        if name not in self.values:
+            return self._no_such_unit(message, name, "not loaded")
+        return new_method_return(message, "o", (object_path(name),))
+
+    def _set_unit_properties(self, message: Message) -> Message:
+        name, runtime, props = message.body
+        if name not in self.values:
+            return self._no_such_unit(message, name, "not found")
+        for key, (sig, value) in props:
+            assert key in ("AllowedCPUs", "AllowedMemoryNodes")
+            assert sig == "ay"
+            self.values[name][key] = bytes(value)
+        self.calls.append((name, runtime, props))
+        return new_method_return(message)
+
+    def _get(self, message: Message) -> Message:
+        interface, key = message.body
+        unit = {object_path(u): u for u in self.values}[message.header.fields[HeaderFields.path]]
+        if interface != f"org.freedesktop.systemd1.{INTERFACES[unit.rpartition('.')[2]]}":
+            error = "org.freedesktop.DBus.Error.UnknownProperty"
+            return new_error(message, error, "s", (f"{interface} has no {key}",))
+        value = self.values[unit][key]
+        if isinstance(value, str):
+            return new_method_return(message, "v", (("s", value),))
+        # systemd sends whole longs (cpu_set_to_dbus writes set->allocated bytes).
+        padded = value + bytes(-len(value) % 8)
+        return new_method_return(message, "v", (("ay", padded),))
+
+    @staticmethod
+    def _no_such_unit(message: Message, name: str, how: str) -> Message:
+        error = "org.freedesktop.systemd1.NoSuchUnit"
+        return new_error(message, error, "s", (f"Unit {name} {how}.",))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeSystemd]:
+    units = {
+        "web.service": "/system.slice/web.service",
+        "idle.service": "",  # stopped: no cgroup
+        "work.slice": "/work.slice",
+        "run-u7.scope": "/system.slice/run-u7.scope",
+    }
+    server = FakeSystemd(tmp_path / "private", units)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def systemd(fake: FakeSystemd) -> Iterator[Systemd]:
+    connection = Systemd.connect(fake.address, timeout=2.0)
+    assert connection is not None
+    with connection:
+        yield connection
+
+
+# Bytes written out by hand from systemd's rule (byte i, bit j is CPU 8*i+j),
+# not computed with numad's encoder.
+ENCODINGS = [
+    pytest.param(CPUSet(), b"", id="empty"),
+    pytest.param(CPUSet([0]), b"\x01", id="cpu-0"),
+    pytest.param(CPUSet([7, 8]), b"\x80\x01", id="byte-boundary"),
+    pytest.param(CPUSet([63]), b"\x00" * 7 + b"\x80", id="cpu-63"),
+    pytest.param(CPUSet([64]), b"\x00" * 8 + b"\x01", id="cpu-64"),
+    pytest.param(
+        CPUSet([0, 7, 8, 63, 64, 100]),
+        bytes([0x81, 0x01, 0, 0, 0, 0, 0, 0x80, 0x01, 0, 0, 0, 0x10]),
+        id="spread",
+    ),
+    pytest.param(CPUSet(range(1024)), b"\xff" * 128, id="cpus-0-1023"),
+    pytest.param(CPUSet([8191]), bytes(1023) + b"\x80", id="cpu-8191"),
+    pytest.param(NodeSet([0, 1]), b"\x03", id="nodes-0-1"),
+    pytest.param(NodeSet([3]), b"\x08", id="node-3"),
+]
+
+
+@pytest.mark.parametrize(("ids", "expected"), ENCODINGS)
+def test_encoding(ids: CPUSet | NodeSet, expected: bytes) -> None:
+    assert to_dbus(ids) == expected
+    for data in (expected, expected + bytes(8)):  # systemd pads to whole longs
+        decoded = from_dbus(data, CPUSet) if isinstance(ids, CPUSet) else from_dbus(data, NodeSet)
+        assert decoded == ids
+
+
+@pytest.mark.parametrize(("ids", "expected"), ENCODINGS)
+def test_set_then_read_back(
+    fake: FakeSystemd, systemd: Systemd, ids: CPUSet | NodeSet, expected: bytes
+) -> None:
+    if isinstance(ids, CPUSet):
+        systemd.set_allowed("work.slice", ids, None)
+        assert fake.calls == [("work.slice", True, [("AllowedCPUs", ("ay", expected))])]
+        assert systemd.allowed("work.slice") == (ids, NodeSet())
+    else:
+        systemd.set_allowed("work.slice", None, ids, runtime=False)
+        assert fake.calls == [("work.slice", False, [("AllowedMemoryNodes", ("ay", expected))])]
+        assert systemd.allowed("work.slice") == (CPUSet(), ids)
+
+
+def test_both_then_reset(fake: FakeSystemd, systemd: Systemd) -> None:
+    systemd.set_allowed("web.service", CPUSet([2, 3]), NodeSet([1]))
+    systemd.set_allowed("run-u7.scope", CPUSet([64]), NodeSet([0]))
+    assert systemd.allowed("web.service") == (CPUSet([2, 3]), NodeSet([1]))
+    assert systemd.allowed("run-u7.scope") == (CPUSet([64]), NodeSet([0]))
+    systemd.set_allowed("web.service", CPUSet(), NodeSet())  # empty resets
+    assert fake.calls[-1] == (
+        "web.service",
+        True,
+        [("AllowedCPUs", ("ay", b"")), ("AllowedMemoryNodes", ("ay", b""))],
+    )
+    assert systemd.allowed("web.service") == (CPUSet(), NodeSet())
+    systemd.set_allowed("web.service", None, None)  # nothing to say: no call
+    assert len(fake.calls) == 3
+
+
+def test_unit_and_control_group(systemd: Systemd) -> None:
+    assert systemd.unit("web.service") == object_path("web.service")
+    assert systemd.unit("missing.service") is None
+    assert systemd.control_group("web.service") == "/system.slice/web.service"
+    assert systemd.control_group("work.slice") == "/work.slice"
+    assert systemd.control_group("idle.service") is None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda s: s.set_allowed("nope.service", CPUSet([1]), None), id="set"),
+        pytest.param(lambda s: s.allowed("nope.service"), id="allowed"),
+        pytest.param(lambda s: s.control_group("nope.service"), id="control-group"),
+    ],
+)
+def test_unknown_unit_raises(systemd: Systemd, call: Callable[[Systemd], object]) -> None:
+    with pytest.raises(SystemdError, match=r"^nope\.service: ") as caught:
+        call(systemd)
+    assert caught.value.subject == "nope.service"
+
+
+def test_error_reply_names_unit_and_error(systemd: Systemd) -> None:
+    with pytest.raises(SystemdError) as caught:
+        systemd.set_allowed("nope.service", CPUSet([1]), None)
+    assert str(caught.value) == (
+        "nope.service: SetUnitProperties failed:"
+        " org.freedesktop.systemd1.NoSuchUnit: Unit nope.service not found."
+    )
+
+
+def test_unit_type_without_cgroup(systemd: Systemd) -> None:
+    with pytest.raises(SystemdError, match=r"^backup\.timer: this unit type has no cgroup"):
+        systemd.allowed("backup.timer")
+
+
+def test_stalled_peer_times_out(fake: FakeSystemd, systemd: Systemd) -> None:
+    fake.stall.set()
+    start = time.monotonic()
+    with pytest.raises(SystemdError, match=r"^web\.service: no reply to GetUnit .* within 2 s"):
+        systemd.unit("web.service")
+    assert time.monotonic() - start < systemd.timeout + 2
+    # The stream may hold half a call now: it is closed, not reused; the next call
+    # connects again, and fails while systemd still does not answer.
+    with pytest.raises(SystemdError, match=r"the connection to .* is lost"):
+        systemd.unit("web.service")
+    fake.stall.clear()
+    assert systemd.unit("web.service") == object_path("web.service")
+
+
+def test_threads_take_turns_on_one_connection(systemd: Systemd) -> None:
+    """The enforcer and the memory mover call from their own threads: each call must
+    get its own reply (interleaved on one stream, one thread would read the other's)."""
+    names = ["web.service", "idle.service", "work.slice"]
+    wrong: list[str] = []
+
+    def ask(name: str) -> None:
+        for _ in range(50):
+            if systemd.unit(name) != object_path(name):
+                wrong.append(name)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not wrong
+
+
+def test_stalled_authentication_gives_none(fake: FakeSystemd) -> None:
+    fake.stall.set()
+    start = time.monotonic()
+    assert Systemd.connect(fake.address, timeout=0.5) is None
+    assert time.monotonic() - start < 0.5 + 2
+
+
+def test_missing_socket_gives_none(tmp_path: Path) -> None:
+    start = time.monotonic()
+    assert Systemd.connect(f"unix:path={tmp_path / 'absent'}", timeout=1.0) is None
+    assert time.monotonic() - start < 1.0 + 2
+
+
+def test_not_a_unix_address(tmp_path: Path) -> None:
+    with pytest.raises(SystemdError, match="not a Unix socket address"):
+        Systemd.connect("tcp:host=localhost,port=1")
+
+
+def test_defaults_fall_back_to_the_bus(
+    fake: FakeSystemd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No private socket: the system bus, where Hello comes first."""
+    monkeypatch.setattr(systemd_bus, "PRIVATE_ADDRESS", f"unix:path={tmp_path / 'absent'}")
+    monkeypatch.setattr(systemd_bus, "SYSTEM_BUS_ADDRESS", fake.address)
+    connection = Systemd.connect(timeout=2.0)
+    assert connection is not None
+    with connection as systemd:
+        assert systemd.address == fake.address
+        assert systemd.unit("web.service") == object_path("web.service")
+    assert fake.members == ["Hello", "GetUnit"]
+
+
+def test_defaults_without_systemd_give_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(systemd_bus, "PRIVATE_ADDRESS", f"unix:path={tmp_path / 'absent'}")
+    monkeypatch.setattr(systemd_bus, "SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path / 'absent2'}")
+    assert Systemd.connect(timeout=1.0) is None

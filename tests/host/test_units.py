@@ -1,0 +1,214 @@
+"""systemd units by name: a spec's ``unit`` is resolved through systemd, placed as the
+unit's runtime AllowedCPUs=/AllowedMemoryNodes=, and followed across stops and starts.
+
+systemd is the FAKE of tests/test_isolation.py (no systemd runs on this host): it
+owns the units it is given, has a control group only while a unit runs, and writes
+what is set into the unit's scratch cgroup as systemd would, also on each start.
+The real systemd does this in the VM tier (tests/vm/guest/systemd_checks.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.root import Daemon
+from numad.errors import SpecError
+from numad.host import isolation
+from numad.workload.spec import parse_spec
+from numad.workload.units import check_unit, slice_cgroup, workload_name
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
+from tests.host.test_isolation import FakeSystemd
+
+ROOTS = {"paths": {"managed-roots": ["numad.slice", "db.slice"]}}
+UNITS = {
+    "pg.service": "/db.slice/pg.service",
+    "web.service": "/system.slice/web.service",
+    "cache.service": "/db.slice/cache.service",
+}
+
+
+def _tree(daemon: Daemon) -> Path:
+    return Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+
+
+def _held(daemon: Daemon, path: str) -> tuple[CPUSet, NodeSet]:
+    cgroup = _tree(daemon) / path
+    return (
+        CPUSet.parse_list((cgroup / "cpuset.cpus").read_text()),
+        NodeSet.parse_list((cgroup / "cpuset.mems").read_text()),
+    )
+
+
+def _daemon(machines: Machines, tmp_path: Path, *running: str) -> tuple[Daemon, FakeSystemd]:
+    daemon = recorded_daemon(machines, tmp_path, ROOTS)
+    fake = FakeSystemd(_tree(daemon), dict(UNITS))
+    daemon.isolation.systemd = fake
+    for unit in running:
+        fake.start(unit)
+    return daemon, fake
+
+
+def _admit(daemon: Daemon, **spec: object) -> str:
+    outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
+    assert outcome.admitted, outcome.detail
+    return str(spec.get("name") or workload_name(str(spec["unit"])))
+
+
+def _placement(daemon: Daemon, name: str) -> tuple[CPUSet, NodeSet]:
+    shown = daemon.show(name)["containers"]["main"]
+    return CPUSet.parse_list(shown["cpus"]), NodeSet.parse_list(shown["mems"])
+
+
+def test_unit_names_and_slice_paths() -> None:
+    assert workload_name("postgresql.service") == "postgresql.service"
+    assert workload_name("getty@tty1.service") == "getty-tty1.service"
+    assert workload_name("Run-U2.scope") == "run-u2.scope"
+    assert len(workload_name("a" * 80 + ".service")) == 63
+    assert slice_cgroup("system.slice") == "system.slice"
+    assert slice_cgroup("a-b-c.slice") == "a.slice/a-b.slice/a-b-c.slice"
+    assert slice_cgroup("-.slice") == ""
+    for bad in ("pg", "pg.slice", "../pg.service", "pg service.service", 7, "-x.service"):
+        with pytest.raises(SpecError, match="unit"):
+            check_unit(bad, "w")
+
+
+def test_a_spec_names_a_unit_instead_of_a_cgroup() -> None:
+    spec = parse_spec('unit = "pg.service"\ncpus = 4\nmemory = "1Gi"\n', "toml")
+    assert (spec.name, spec.unit, spec.cgroup) == ("pg.service", "pg.service", "")
+    named = parse_spec('name = "db"\nunit = "pg.service"\ncpus = 4\n', "toml")
+    assert (named.name, named.unit) == ("db", "pg.service")
+    resolved = parse_spec(
+        json.dumps({**named.to_dict(), "cgroup": "numad.slice/pg.service"}), "json"
+    )
+    assert resolved.to_dict() == {**named.to_dict(), "cgroup": "numad.slice/pg.service"}
+    with pytest.raises(SpecError, match="missing"):
+        parse_spec("cpus = 4\n", "toml")  # neither a name nor a unit
+
+
+def test_a_unit_admitted_by_name_is_placed_through_systemd(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4, memory="256Mi")
+    shown = daemon.show(name)
+    assert (shown["unit"], shown["cgroup"]) == ("pg.service", "db.slice/pg.service")
+    assert shown["via"] == "systemd pg.service"
+    cpus, mems = _placement(daemon, name)
+    assert len(cpus) == 4
+    assert fake.allowed("pg.service") == (cpus, mems)  # systemctl show tells the truth
+    assert _held(daemon, "db.slice/pg.service") == (cpus, mems)
+
+
+def test_a_unit_is_followed_across_stop_and_start(machines: Machines, tmp_path: Path) -> None:
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    now = [0.0]
+    daemon.clock = lambda: now[0]
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    placed = _placement(daemon, name)
+    shutil.rmtree(_tree(daemon) / "db.slice/pg.service")  # the unit stops
+    for _ in range(3):
+        now[0] += daemon.config.release_grace_seconds + 1
+        daemon.reconcile()
+    assert name in daemon.specs  # a stopped unit is still the workload
+    fake.start("pg.service")  # systemd applies what numad set, before any process runs
+    assert _held(daemon, "db.slice/pg.service") == placed
+    daemon.reconcile()
+    assert _placement(daemon, name) == placed
+    assert not daemon.problems
+
+
+@pytest.mark.parametrize("unload", [False, True], ids=["loaded", "unloaded"])
+def test_a_cgroup_left_behind_by_a_stop_is_not_the_units(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unload: bool
+) -> None:
+    """systemd applies nothing to a directory the kernel kept at a stop: numad must not
+    wait on it (each pass would stall APPLY_SECONDS and flag a failed write), nor fail
+    to ask about a unit systemd has unloaded since (both seen on Linux 6.12)."""
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    placed = _placement(daemon, name)
+    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
+    fake.stop("pg.service", unload=unload)
+    (_tree(daemon) / "db.slice/pg.service/cpuset.cpus").write_text("")  # the kernel's own
+    daemon.enforcer.written.clear()  # every cgroup written again, as after a restart
+    daemon.reconcile()
+    assert not daemon.problems, daemon.problems
+    assert fake.allowed("pg.service") == placed
+    fake.start("pg.service")
+    assert _held(daemon, "db.slice/pg.service") == placed
+
+
+def test_a_unit_admitted_while_stopped_starts_on_its_placement(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon, fake = _daemon(machines, tmp_path)
+    name = _admit(daemon, unit="cache.service", cpus=2, memory="64Mi")
+    assert daemon.show(name)["cgroup"] == "db.slice/cache.service"  # from its Slice=
+    placed = _placement(daemon, name)
+    assert fake.allowed("cache.service") == placed  # preset while it does not run
+    fake.start("cache.service")
+    assert _held(daemon, "db.slice/cache.service") == placed
+
+
+def test_a_released_unit_leaves_the_exclusive_cpus_and_its_settings_go(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    exclusive, _ = _placement(daemon, name)
+    daemon.release(name)
+    for node, cpus in enumerate((14, 16)):  # every CPU pg.service had is exclusive again
+        _admit(daemon, name=f"n{node}", cgroup=f"numad.slice/n{node}", cpus=cpus)
+    daemon.reconcile()
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert not pool & exclusive
+    assert fake.allowed("pg.service")[0] == pool  # still running: the shared pool
+    assert _held(daemon, "db.slice/pg.service")[0] == pool
+    shutil.rmtree(_tree(daemon) / "db.slice/pg.service")  # stopped for good
+    daemon.reconcile()
+    daemon.reconcile()
+    assert fake.allowed("pg.service") == (CPUSet(), NodeSet())  # a restart is unpinned
+
+
+def test_a_unit_survives_a_numad_restart(machines: Machines, tmp_path: Path) -> None:
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    placed = _placement(daemon, name)
+    daemon.stop()
+    again = restarted_daemon(daemon, ROOTS)
+    again.isolation.systemd = fake
+    again.reconcile()
+    assert again.specs[name].unit == "pg.service"
+    assert _placement(again, name) == placed
+    assert again.isolation.via("db.slice/pg.service") == "systemd pg.service"
+    assert fake.allowed("pg.service") == placed
+
+
+@pytest.mark.parametrize(
+    ("unit", "systemd", "message"),
+    [
+        ("web.service", True, "web.service runs in system.slice, outside the managed roots"),
+        ("nosuch.service", True, "cannot find nosuch.service's cgroup"),
+        ("pg.service", False, "numad has no connection to systemd"),
+    ],
+)
+def test_a_unit_numad_cannot_place_is_refused_by_name(
+    machines: Machines, tmp_path: Path, unit: str, systemd: bool, message: str
+) -> None:
+    daemon, _ = _daemon(machines, tmp_path, "pg.service", "web.service")
+    if not systemd:
+        daemon.isolation.systemd = None
+    with pytest.raises(SpecError, match=message):
+        daemon.admit(daemon.parse(json.dumps({"unit": unit, "cpus": 2}), "json"))
+    assert not daemon.specs
+
+
+def test_a_given_cgroup_must_be_the_units(machines: Machines, tmp_path: Path) -> None:
+    daemon, _ = _daemon(machines, tmp_path, "pg.service")
+    spec = {"unit": "pg.service", "cgroup": "numad.slice/db", "cpus": 2}
+    with pytest.raises(SpecError, match=r"numad.slice/db is not pg.service's cgroup"):
+        daemon.admit(daemon.parse(json.dumps(spec), "json"))
