@@ -1,15 +1,18 @@
-"""What is wrong right now: the problems ``/v1/health`` lists, keyed by subject.
+"""What numad observes of itself: the problems ``/v1/health`` lists, keyed by subject,
+and the counters the host side counts into (``numad.daemon.metrics`` has them).
 
-Daemon side, no host access. A problem is set under a key (``write:<cgroup>``,
-``loop:reconcile``, ``workload:<name>``...) and cleared under the same key once
-the fault is gone, so a fault that repeats is one line, not one line a time,
-and a fault that is mended leaves no line behind. Readers take a snapshot
-without the daemon's lock.
+Shared vocabulary, below every stage: the host side reports here without knowing
+the daemon, which owns the objects and passes them in. No host access. A problem
+is set under a key (``write:<cgroup>``, ``loop:reconcile``, ``workload:<name>``...)
+and cleared under the same key once the fault is gone, so a fault that repeats is
+one line, not one line a time, and a fault that is mended leaves no line behind.
+Readers take a snapshot without the daemon's lock.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 
 class Problems:
@@ -42,3 +45,35 @@ class Problems:
         """Every problem's text, oldest first."""
         with self._lock:
             return list(self._items.values())
+
+
+class Counter(Protocol):
+    """A monotonic count (a prometheus-client ``Counter`` or one of its children)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class LabelledCounter(Protocol):
+    def labels(self, *values: str) -> Counter: ...
+
+
+class EnforcementCounters(Protocol):
+    """What ``numad.host.enforce`` counts."""
+
+    @property
+    def cgroup_write_errors(self) -> Counter: ...
+    @property
+    def cgroup_not_effective(self) -> Counter: ...
+    @property
+    def drift_repairs(self) -> Counter: ...
+
+
+class MemoryMoveCounters(Protocol):
+    """What ``numad.host.migration`` counts."""
+
+    @property
+    def memory_moves(self) -> LabelledCounter: ...
+    @property
+    def memory_moved(self) -> Counter: ...
+    @property
+    def memory_move_seconds(self) -> Counter: ...

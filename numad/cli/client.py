@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 from typing import Any
 
+from numad.defaults import check_socket_path
 from numad.errors import NumadError
 
 
@@ -38,21 +38,6 @@ class _UnixConnection(http.client.HTTPConnection):
                 self.unix_path, f"cannot connect: {err.strerror}", "is `numad serve` running?"
             ) from err
         self.sock = sock
-
-
-MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with the closing NUL (unix(7))
-
-
-def check_socket_path(path: str) -> None:
-    """A socket path the kernel can bind or connect to; else an error naming it (the
-    kernel's own is "AF_UNIX path too long", which names nothing)."""
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
-        raise NumadError(
-            path,
-            f"the socket path is {size} bytes; a Unix socket's may have {MAX_SOCKET_PATH} at most",
-            "give a shorter --socket (or a --root DIR with a shorter path)",
-        )
 
 
 def request(

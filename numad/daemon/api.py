@@ -31,14 +31,14 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from numad.cli.client import check_socket_path
 from numad.daemon.listener import BoundedHandler, BoundedServer, Limits
 from numad.daemon.metrics import Metrics
+from numad.defaults import check_socket_path
 from numad.errors import CheckpointError, NumadError, WorkloadError
 from numad.placement.admission import Outcome
 from numad.topology.model import Topology
 from numad.topology.render import to_json
-from numad.workload.spec import WorkloadSpec
+from numad.workload.shape import WorkloadSpec
 
 MAX_BODY = 1 << 20  # bytes; a spec is a few hundred
 # 8 workers (admissions serialize on the daemon's lock anyway), 16 connections

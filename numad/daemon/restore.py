@@ -31,7 +31,7 @@ from numad.placement.managers.memory import MemoryTable
 from numad.placement.policy import Machine
 from numad.topology.discover import discover
 from numad.topology.model import Topology
-from numad.workload.spec import WorkloadSpec
+from numad.workload.shape import WorkloadSpec
 
 
 def reserved_setting(config: Config) -> str:

@@ -1,55 +1,58 @@
 """Read-only views of the daemon's state: show, list, explain, the metrics' gauges.
 
-Daemon side; reads the state under the daemon's lock and changes nothing but
-Prometheus gauges and counters. Mixed into ``numad.daemon.root.Daemon``.
+Daemon side, a collaborator of ``numad.daemon.root.Daemon``: reads the shared
+``Holdings`` under its lock and changes nothing but Prometheus gauges and counters.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.config import Config
+from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
 from numad.errors import NumadError, WorkloadError
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.host.migration import Migrations
 from numad.host.unmovable import unmovable
-from numad.placement.admission import Books, Engine, Outcome, placements
+from numad.placement.admission import Outcome, placements
 from numad.placement.nrt import nrt_object
-from numad.topology.model import Topology
-from numad.workload.spec import WorkloadSpec
+from numad.workload.shape import WorkloadSpec
 
 
 class Views:
-    lock: threading.RLock
-    books: Books
-    engine: Engine
-    metrics: Metrics
-    topology: Topology
-    specs: dict[str, WorkloadSpec]
-    outcomes: dict[str, Outcome]
-    unplaced: dict[str, str]
-    config: Config
-    isolation: Isolation
-    irqs: IrqAffinity
-    migrations: Migrations
-    others: set[str]
+    def __init__(  # noqa: PLR0917 - what the views read
+        self,
+        held: Holdings,
+        config: Config,
+        metrics: Metrics,
+        isolation: Isolation,
+        irqs: IrqAffinity,
+        migrations: Migrations,
+    ) -> None:
+        self.held = held
+        self.config = config
+        self.metrics = metrics
+        self.isolation = isolation
+        self.irqs = irqs
+        self.migrations = migrations
 
     def list_all(self) -> list[dict[str, Any]]:
-        with self.lock:  # one consistent snapshot
-            return [self.show(n) for n in sorted(self.specs)]
+        held = self.held
+        with held.lock:  # one consistent snapshot
+            return [self.show(n) for n in sorted(held.specs)]
 
     def explain(self, name: str) -> dict[str, Any]:
-        with self.lock:
-            if name not in self.specs:
+        held = self.held
+        with held.lock:
+            if name not in held.specs:
                 raise WorkloadError(name, "no such workload")
-            if name in self.unplaced:
-                return {"explanation": f"unplaced: {self.unplaced[name]}", "conflict": []}
-            outcome = self.outcomes.get(name)
+            if name in held.unplaced:
+                return {"explanation": f"unplaced: {held.unplaced[name]}", "conflict": []}
+            outcome = held.outcomes.get(name)
             why = None if outcome is None else outcome.explanation
             if why is None:
                 return {
@@ -60,11 +63,12 @@ class Views:
 
     def nrt(self) -> dict[str, Any]:
         """This host as a NodeResourceTopology object, with what is held now."""
-        with self.lock:
+        held = self.held
+        with held.lock:
             return nrt_object(
                 socket.gethostname(),
-                self.topology,
-                self.books,
+                held.topology,
+                held.books,
                 self.config.policy,
                 self.config.scope,
             )
@@ -72,10 +76,11 @@ class Views:
     def host(self) -> dict[str, Any]:
         """Host isolation as it stands: each isolated cgroup, how numad writes it and
         its CPUs now; what numad cannot move off the exclusive CPUs."""
-        with self.lock:
-            exclusive = CPUSet.from_bits(self.books.cpu.exclusive)
+        held = self.held
+        with held.lock:
+            exclusive = CPUSet.from_bits(held.books.cpu.exclusive)
             isolated = []
-            for path in sorted(self.others):
+            for path in sorted(held.others):
                 try:
                     now = str(self.isolation.read(path)[0])
                 except NumadError as err:
@@ -84,23 +89,24 @@ class Views:
             return {
                 "isolate": self.config.isolate,
                 "exclusive": str(exclusive),
-                "shared": str(CPUSet.from_bits(self.books.cpu.shared_pool)),
-                "reserved": str(CPUSet.from_bits(self.books.cpu.reserved)),
+                "shared": str(CPUSet.from_bits(held.books.cpu.shared_pool)),
+                "reserved": str(CPUSet.from_bits(held.books.cpu.reserved)),
                 "isolated": isolated,
                 "unmovable": unmovable(self.isolation.root, exclusive),
                 "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
             }
 
     def show(self, name: str) -> dict[str, Any]:
-        with self.lock:
-            if name not in self.specs:
+        held = self.held
+        with held.lock:
+            if name not in held.specs:
                 raise WorkloadError(name, "no such workload")
-            spec = self.specs[name]
-            held = placements(self.books, name)
-            pool = CPUSet.from_bits(self.books.cpu.shared_pool)
+            spec = held.specs[name]
+            placed = placements(held.books, name)
+            pool = CPUSet.from_bits(held.books.cpu.shared_pool)
             containers = {}
             for c in spec.containers:
-                p = held.get(c.name)
+                p = placed.get(c.name)
                 containers[c.name] = {
                     "cgroup": spec.container_cgroup(c),
                     "cpus": (p.cpus if p is not None and p.cpus else pool).format_list(),
@@ -112,8 +118,8 @@ class Views:
             if spec.unit is not None:
                 shown["unit"] = spec.unit
                 shown["via"] = self.isolation.via(spec.cgroup)
-            if name in self.unplaced:
-                shown["unplaced"] = self.unplaced[name]
+            if name in held.unplaced:
+                shown["unplaced"] = held.unplaced[name]
             shown["memory"] = self.memory_of(name)
             shown["state"] = shown["memory"]["state"]
             return shown
@@ -121,19 +127,21 @@ class Views:
     def _memory_nodes(self, name: str) -> tuple[list[str], NodeSet]:
         """The cgroups of the workload's exclusive containers, and its own nodes: their
         mems where numad pins them, else their CPUs' nodes."""
-        spec, held = self.specs[name], placements(self.books, name)
+        held = self.held
+        spec, placed = held.specs[name], placements(held.books, name)
         paths, nodes = [], NodeSet()
         for c in spec.containers:
-            p = held.get(c.name)
+            p = placed.get(c.name)
             if p is not None and p.cpus:
                 paths.append(spec.container_cgroup(c))
-                nodes |= p.mems if p.mems else self.topology.nodes_of_cpus(p.cpus)
+                nodes |= p.mems if p.mems else held.topology.nodes_of_cpus(p.cpus)
         return paths, nodes
 
     def memory_of(self, name: str) -> dict[str, Any]:
         """Where the workload's memory is: its state (``migrating`` while the mover has
         work for it), its nodes, its locality and the last moves."""
-        with self.lock:
+        held = self.held
+        with held.lock:
             paths, nodes = self._memory_nodes(name)
             share, size = self.migrations.locality(paths, nodes) if paths else (None, 0)
             return {
@@ -144,10 +152,11 @@ class Views:
                 "moves": self.migrations.last(paths),
             }
 
-    def _check_cgroups_free(self, spec: WorkloadSpec) -> None:
+    def check_cgroups_free(self, spec: WorkloadSpec) -> None:
         """Two workloads never write the same cgroup, nor one inside the other's."""
+        held = self.held
         mine = {spec.container_cgroup(c) for c in spec.containers} | {spec.cgroup}
-        for other in self.specs.values():
+        for other in held.specs.values():
             theirs = {other.container_cgroup(c) for c in other.containers} | {other.cgroup}
             for a in mine:
                 for b in theirs:
@@ -158,12 +167,13 @@ class Views:
                             "give each workload its own cgroup",
                         )
 
-    def _count(self, spec: WorkloadSpec, outcome: Outcome, seconds: float) -> None:
+    def count(self, spec: WorkloadSpec, outcome: Outcome, seconds: float) -> None:
+        held = self.held
         m = self.metrics
         m.admission_requests.inc()
         m.admission_duration.observe(seconds)
-        scope = str(self.engine.scope)
-        numa_boundary = (spec.policy or self.engine.policy) == "single-numa-node"
+        scope = str(held.engine.scope)
+        numa_boundary = (spec.policy or held.engine.policy) == "single-numa-node"
         if any(c.exclusive_cpus for c in spec.containers):
             m.cpu_pinning_requests.inc()
         if outcome.admitted:
@@ -180,11 +190,12 @@ class Views:
             m.cpu_pinning_errors.inc()
 
     def update_gauges(self) -> None:
-        m, cpu, memory = self.metrics, self.books.cpu, self.books.memory
+        held = self.held
+        m, cpu, memory = self.metrics, held.books.cpu, held.books.memory
         m.shared_pool.set(cpu.available.bit_count() * 1000)
         m.exclusive.set(cpu.exclusive.bit_count())
-        m.unplaced.set(len(self.unplaced))
-        for node in self.topology.nodes:
+        m.unplaced.set(len(held.unplaced))
+        for node in held.topology.nodes:
             mask = node.cpus.bits & cpu.online
             allocatable = (mask & ~cpu.reserved).bit_count()
             m.node_cpus_allocatable.labels(str(node.id)).set(allocatable)

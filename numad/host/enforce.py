@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon.metrics import Metrics
 from numad.errors import NumadError
-from numad.observe import Problems
+from numad.observe import EnforcementCounters, Problems
 from numad.placement.admission import Books, placements
-from numad.workload.spec import WorkloadSpec
+from numad.workload.shape import WorkloadSpec
 
 
 class Cgroups(Protocol):
@@ -104,7 +103,9 @@ def _union(masks: Iterable[int]) -> int:
 
 
 class Enforcer:
-    def __init__(self, cgroups: Cgroups, metrics: Metrics, log: Log, problems: Problems) -> None:
+    def __init__(
+        self, cgroups: Cgroups, metrics: EnforcementCounters, log: Log, problems: Problems
+    ) -> None:
         self.cgroups = cgroups
         self.metrics = metrics
         self.log = log

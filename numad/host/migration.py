@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon.metrics import Metrics
 from numad.errors import NumadError
 from numad.host.enforce import Cgroups, Log
 from numad.host.memory_move import AnonReader, Mover, MoveResult, Outcome, narrow_job, pull_job
 from numad.host.pages import locality, off_bytes, read_anon_by_node
-from numad.observe import Problems
+from numad.observe import MemoryMoveCounters, Problems
 
 LOW_PASSES = 3  # passes in a row below the threshold before a workload is listed
 
@@ -47,7 +46,7 @@ class Migrations:
         lock: threading.RLock,
         *,
         log: Log,
-        metrics: Metrics,
+        metrics: MemoryMoveCounters,
         health: Problems,
         nodes_of: Callable[[CPUSet], NodeSet],
         pull: bool,

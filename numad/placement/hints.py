@@ -15,29 +15,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from numad.cpuset import NodeSet
+from numad.placement.hintspace import Hint, HintSpace
 
-if TYPE_CHECKING:
-    from numad.placement.hintspace import HintSpace
-
-
-@dataclass(frozen=True, slots=True)
-class Hint:
-    """One placement a provider could give a resource."""
-
-    affinity: NodeSet | None
-    preferred: bool
-    score: int = 0  # 0: unscored; 1..100: share of the node(s) already allocated
-
-    @property
-    def mask(self) -> int | None:
-        return None if self.affinity is None else self.affinity.bits
+__all__ = ["Hint", "HintList", "ProviderHints", "flatten", "masks_in_kubelet_order", "subset_sums"]
 
 
 # A resource's hints: listed, described (numad.placement.hintspace), or None for no preference.
-ProviderHints = Mapping[str, "Sequence[Hint] | HintSpace | None"]
+ProviderHints = Mapping[str, Sequence[Hint] | HintSpace | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""A provider's hints for one resource, described instead of listed.
+"""A provider's hints for one resource: the ``Hint``, and hints described instead of listed.
 
 Pure core. The kubelet's providers list every NUMA node mask that can hold a
 request: 2^N - 1 masks to look at, ~131,000 hint objects at 17 nodes, none
@@ -30,9 +30,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from numad.cpuset import NodeSet
-from numad.placement.hints import Hint
 
 Amounts = tuple[tuple[int, ...], ...]  # per dimension, per node id: an amount
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """One placement a provider could give a resource."""
+
+    affinity: NodeSet | None
+    preferred: bool
+    score: int = 0  # 0: unscored; 1..100: share of the node(s) already allocated
+
+    @property
+    def mask(self) -> int | None:
+        return None if self.affinity is None else self.affinity.bits
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ The input edge of admission, beside ``numad.workload.spec`` (numad's own shape),
 ``parse_spec`` hands it any YAML or JSON document with an ``apiVersion`` or a
 ``kind``. Touches nothing but the decoded document: the checks shared with the
 native shape (names, cgroup paths inside a managed root, sizes, hugepages,
-containers) are ``numad.workload.spec.Reader``'s, quantities ``numad.workload.quantity``'s. What
+containers) are ``numad.workload.reader.Reader``'s, quantities ``numad.workload.quantity``'s. What
 is the kubelet's here: the Guaranteed QoS rule (exclusive CPUs and pinned
 memory only then), init and sidecar containers, and extended resources read as
 device classes.
@@ -20,12 +20,12 @@ from numad.placement.managers.cpu.state import ContainerKind
 from numad.placement.managers.memory import MEMORY
 from numad.workload.decode import member, show, type_name
 from numad.workload.quantity import EXACT, exact_number, is_whole
-from numad.workload.spec import (
+from numad.workload.reader import Reader
+from numad.workload.shape import (
     HUGEPAGES,
     MAX_CPUS,
     MAX_DEVICES,
     ContainerSpec,
-    Reader,
     WorkloadSpec,
     frozen,
 )

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from numad.cli import main as cli
-from numad.cli.client import MAX_SOCKET_PATH
 from numad.daemon.api import Server
+from numad.defaults import MAX_SOCKET_PATH
 from numad.errors import NumadError
 
 

@@ -30,7 +30,7 @@ from numad.daemon.metrics import METRICS_LIMITS, Metrics, MetricsServer
 from numad.errors import CheckpointError, SpecError, WorkloadError
 from numad.placement.admission import Outcome
 from numad.topology.model import Topology
-from numad.workload.spec import WorkloadSpec
+from numad.workload.shape import WorkloadSpec
 from tests.daemon.test_daemon_e2e import Numad, numad
 
 __all__ = ["numad"]

@@ -17,15 +17,8 @@ from numad.placement.admission import ContainerRequest, WorkloadRequest
 from numad.placement.managers.cpu.state import ContainerKind
 from numad.placement.policy import Policy
 from numad.workload.decode import MAX_SPEC_BYTES, Format
-from numad.workload.spec import (
-    MAX_BYTES,
-    MAX_CPUS,
-    MAX_DEVICES,
-    ContainerSpec,
-    WorkloadSpec,
-    load_spec,
-    parse_spec,
-)
+from numad.workload.shape import MAX_BYTES, MAX_CPUS, MAX_DEVICES, ContainerSpec, WorkloadSpec
+from numad.workload.spec import load_spec, parse_spec
 
 GiB = 1 << 30
 MiB = 1 << 20

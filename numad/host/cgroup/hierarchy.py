@@ -181,3 +181,14 @@ def _failure(subject: str, action: str, err: OSError, directory: Path) -> Cgroup
         )
     meaning, hint = _MEANINGS.get(err.errno or 0, (err.strerror or str(err), None))
     return CgroupError(subject, f"{action}: {meaning}", hint)
+
+
+def read_and_close(fd: int) -> str:
+    """The text behind ``fd``, read to its end; ``fd`` is closed."""
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()

@@ -16,16 +16,14 @@ import itertools
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from cgroupspy import controllers, nodes
 
 from numad.cpuset import CPUSet, NodeSet
+from numad.host.cgroup.emulation import KernelV1
 from numad.host.cgroup.hierarchy import Hierarchy
 from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath
-
-if TYPE_CHECKING:
-    from numad.host.scratch import KernelV1
 
 _S = TypeVar("_S", CPUSet, NodeSet)
 
@@ -52,9 +50,6 @@ class CgroupV1Backend(Hierarchy):
         super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
         self._kernel: KernelV1 | None = None
         if emulate_kernel:
-            # numad.host.scratch builds on this package; only scratch trees need it.
-            from numad.host.scratch import KernelV1  # noqa: PLC0415
-
             self._kernel = KernelV1()
 
     def ensure(self, path: CgroupPath | str) -> None:

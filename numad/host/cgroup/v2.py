@@ -22,15 +22,12 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
-from numad.host.cgroup.hierarchy import Hierarchy
+from numad.host.cgroup.emulation import KernelV2
+from numad.host.cgroup.hierarchy import Hierarchy, read_and_close
 from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath
-
-if TYPE_CHECKING:
-    from numad.host.scratch import KernelV2
 
 
 def _write_file(path: Path, value: str) -> None:
@@ -59,17 +56,6 @@ def _write_file(path: Path, value: str) -> None:
 def _read_file(path: Path) -> str:
     """A cgroup file's text, read to its end."""
     return read_and_close(_open_regular(path, os.O_RDONLY))
-
-
-def read_and_close(fd: int) -> str:
-    """The text behind ``fd``, read to its end; ``fd`` is closed."""
-    try:
-        chunks: list[bytes] = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
 
 
 def _open_regular(path: Path, flags: int) -> int:
@@ -107,9 +93,6 @@ class CgroupV2Backend(Hierarchy):
         super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
         self._kernel: KernelV2 | None = None
         if emulate_kernel:
-            # numad.host.scratch builds on this package; only scratch trees need it.
-            from numad.host.scratch import KernelV2  # noqa: PLC0415
-
             self._kernel = KernelV2()
 
     def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:

@@ -1,0 +1,178 @@
+"""The one path every change takes: checkpoint first, then the host.
+
+Daemon side. ``commit`` writes the checkpoint of the books and specs it is given
+(``numad.daemon.state``); only then does ``enforce`` write the cgroups, through
+``numad.host.enforce`` (which owns the order of the writes), isolate the cgroups
+that are no workload's and move interrupts off the exclusive CPUs. A checkpoint
+that cannot be written changes nothing and raises ``CheckpointError``; a cgroup
+step that fails after a commit leaves the change standing and is retried by every
+reconcile pass. Used by the composition root (requests) and the reconciler, on the
+shared ``Holdings``, under its lock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from numad.cpuset import CPUSet
+from numad.daemon import state
+from numad.daemon.config import Config
+from numad.daemon.holdings import Holdings
+from numad.daemon.restore import reserved_setting
+from numad.errors import CheckpointError, NumadError
+from numad.host import durable
+from numad.host.enforce import Enforcer, Log, targets
+from numad.host.irqs import IrqAffinity
+from numad.host.isolation import Isolation
+from numad.observe import Problems
+from numad.placement.admission import Books
+from numad.workload.shape import WorkloadSpec
+
+
+class Commits:
+    def __init__(  # noqa: PLR0917 - the parts a change touches
+        self,
+        held: Holdings,
+        config: Config,
+        state_dir: Path,
+        log: Log,
+        health: Problems,
+        enforcer: Enforcer,
+        isolation: Isolation,
+        irqs: IrqAffinity,
+    ) -> None:
+        self.held = held
+        self.config = config
+        self.state_dir = state_dir
+        self.log = log
+        self.health = health
+        self.enforcer = enforcer
+        self.isolation = isolation
+        self.irqs = irqs
+        self.syscalls = durable.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
+        # A failpoint for the crash tests: die at the named step, as SIGKILL would.
+        self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
+
+    def commit(self, books: Books, specs: Mapping[str, WorkloadSpec]) -> None:
+        """Write the checkpoint of ``books``/``specs``; CheckpointError leaves the
+        daemon's state as it was and makes numad not ready until a write succeeds."""
+        held = self.held
+        records = {
+            name: state.record_of(books, name, spec.to_dict(), held.unplaced.get(name, ""))
+            for name, spec in specs.items()
+        }
+        reserved = CPUSet.from_bits(held.reserved).format_list()
+        orphans = tuple(sorted(held.orphans))
+        grants = {p: CPUSet.from_bits(c).format_list() for p, c in self.enforcer.grants.items()}
+        try:
+            state.write(
+                self.state_dir,
+                state.Checkpoint(reserved, records, orphans, reserved_setting(self.config), grants),
+                self.syscalls,
+            )
+        except CheckpointError as err:
+            self.health.set("checkpoint", f"{err}; numad cannot commit changes")
+            self.log.error("checkpoint_write_failed", problem=str(err))
+            raise
+        self.health.clear("checkpoint")
+
+    def crash_point(self, name: str) -> None:
+        if self._crash_at == name:
+            os._exit(137)
+
+    def unplace(self, name: str, why: str) -> None:
+        if self.held.unplaced.get(name) == why:
+            return
+        self.held.unplaced[name] = why
+        self.health.set(f"workload:{name}", f"{name}: unplaced: {why}; admitted again once it fits")
+        self.log.error("workload_unplaced", workload=name, problem=why)
+
+    def enforce(self, step: Callable[[str], None] | None = None) -> None:
+        """Every managed cgroup written as the books say, the others isolated, the
+        interrupts placed."""
+        held = self.held
+        self.find_others()  # new ones are isolated as they appear
+        owned = {s.cgroup: s.unit for s in held.specs.values() if s.unit is not None}
+        self.isolation.own(owned, held.orphans)  # units' placements go through systemd
+        wanted = targets(held.books, held.specs, held.orphans, held.others)
+        self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
+        self.isolation.preset(wanted)
+        self.place_irqs()
+
+    def after_commit(self, step: Callable[[], None]) -> None:
+        """A cgroup step after a commit: the change stands whatever the step raises
+        (the caller's answer says what was committed); the next reconcile pass
+        writes everything again."""
+        try:
+            step()
+        except Exception as err:
+            self.health.set("enforce", f"cgroup writes failed after a commit: {err!r}; retried")
+            self.log.exception("enforcement_failed", problem=repr(err))
+
+    def find_others(self) -> None:
+        """The cgroups that are no workload's, isolated as they appear: the other
+        top-level cgroups and the unmanaged ones inside the managed roots. With
+        isolation turned off, the ones isolated before get their own cpusets back."""
+        held = self.held
+        self.isolation.online = held.topology.online_cpus
+        if not self.config.isolate:
+            if self.isolation.originals:
+                self.end_isolation()
+            return
+        roots = self.config.paths.managed_roots
+        owned = held.owned()
+        inside = self.enforcer.unmanaged(roots, held.specs.values()) - held.orphans
+        try:
+            tops = self.isolation.top_level(roots)
+            self.health.clear("isolation-list")
+        except NumadError as err:
+            self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
+            tops = {p for p in held.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
+        held.others = (inside | tops) - owned
+        for path in self.isolation.mark(held.others, owned):
+            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
+
+    def place_irqs(self) -> None:
+        """Interrupts off the exclusive CPUs ([host] irq-affinity); turned off, every
+        one numad moved gets its own affinity back."""
+        if self.config.irq_affinity:
+            cpu = self.held.books.cpu
+            exclusive, pool = CPUSet.from_bits(cpu.exclusive), CPUSet.from_bits(cpu.shared_pool)
+            problems = self.irqs.apply(exclusive, pool)
+            if problems:
+                self.health.set("irqs", "; ".join(problems))
+            else:
+                self.health.clear("irqs")
+        else:
+            self.end_irqs()
+
+    def end_irqs(self) -> None:
+        """Every interrupt numad moved gets its own affinity back."""
+        for problem in self.irqs.restore() if self.irqs.originals else []:
+            self.log.error("irq_reset_failed", problem=problem)
+
+    def end_isolation(self) -> None:
+        """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's)."""
+        for problem in self.isolation.restore():
+            self.log.error("cgroup_reset_failed", problem=problem)
+        for path in sorted(self.held.others):
+            self.enforcer.forget(path)
+        self.held.others = set()
+
+    def settle_orphans(self) -> None:
+        """Forget released cgroups that are gone (or belong to a workload again)."""
+        held = self.held
+        owned = held.owned()
+        settled = {p for p in held.orphans if p in owned or self.enforcer.exists(p) is False}
+        if settled:
+            was = set(held.orphans)
+            held.orphans -= settled
+            try:
+                self.commit(held.books, held.specs)
+            except CheckpointError:
+                held.orphans = was
+                return
+            for path in settled - owned:
+                self.enforcer.forget(path)

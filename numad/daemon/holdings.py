@@ -1,0 +1,46 @@
+"""What numad has decided and holds now: one object, shared by reference.
+
+Daemon side, no host access. The composition root (``numad.daemon.root``), the
+commit path (``numad.daemon.commits``), the reconciler and the views all read and
+change this one object, under its ``lock``; none of them declares another's
+attributes. The machine's part (``topology`` to ``reserved``) is set by
+``Daemon.start`` and again by each rediscovery.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from numad.placement.admission import Books, Engine, Outcome
+from numad.placement.managers.cpu.static import StaticPolicy
+from numad.topology.model import Topology
+from numad.workload.shape import WorkloadSpec
+
+
+class Holdings:
+    topology: Topology
+    cpu_policy: StaticPolicy
+    engine: Engine
+    books: Books
+    reserved: int  # the reserved CPUs, as bits
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.specs: dict[str, WorkloadSpec] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.unplaced: dict[str, str] = {}  # admitted, holding nothing: the reason
+        self.orphans: set[str] = set()  # released cgroups that still exist
+        self.others: set[str] = set()  # no workload's, isolated from exclusive CPUs
+        self.seen: set[str] = set()  # workloads whose cgroup has existed
+        self.gone_since: dict[str, float] = {}  # workload -> when its cgroups went
+        self.rediscover_pending = False
+        self.stopped = False
+        self.passes = 0  # reconcile passes
+        self.repairs = 0  # drift repaired, over all passes
+
+    def cgroups_of(self, spec: WorkloadSpec) -> set[str]:
+        return {spec.container_cgroup(c) for c in spec.containers}
+
+    def owned(self) -> set[str]:
+        """Every cgroup of an admitted workload."""
+        return {p for s in self.specs.values() for p in self.cgroups_of(s)}

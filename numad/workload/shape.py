@@ -1,0 +1,99 @@
+"""Workload specs as values: ``WorkloadSpec`` and ``ContainerSpec``, the limits every
+shape shares, and the request admission takes (``to_request``) and the checkpoint
+records (``to_dict``). Pure; read from text by ``numad.workload.reader``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from numad.placement.admission import ContainerRequest, WorkloadRequest
+from numad.placement.managers.cpu.state import ContainerKind
+from numad.placement.managers.memory import MEMORY
+from numad.placement.policy import Policy
+from numad.workload.quantity import page_size
+
+MAX_CPUS = 4096
+MAX_BYTES = (1 << 63) - 1
+MAX_DEVICES = 1 << 16
+MAX_CGROUP_PATH = 1024
+DEFAULT_MANAGED_ROOTS = ("numad.slice",)
+DEFAULT_CONTAINER = "main"
+
+# Directory names as systemd units and plain tools spell them, without the
+HUGEPAGES = "hugepages-"
+
+
+def frozen(values: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(sorted(values.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    name: str
+    cgroup: str  # relative to the workload's cgroup; "" is the workload cgroup itself
+    exclusive_cpus: int = 0
+    shared_millicpus: int = 0  # a request on the shared pool (pinned to the whole pool)
+    memory: Mapping[str, int] = field(default_factory=lambda: frozen({}))  # resource -> bytes
+    devices: Mapping[str, int] = field(default_factory=lambda: frozen({}))  # class -> count
+    kind: ContainerKind = ContainerKind.APP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str
+    cgroup: str  # relative to the cgroup root, inside a managed root
+    policy: Policy | None
+    containers: tuple[ContainerSpec, ...]
+    unit: str | None = None  # a systemd unit: cgroup is its cgroup ("" until resolved)
+
+    def container_cgroup(self, container: ContainerSpec) -> str:
+        """The container's cgroup, relative to the cgroup root."""
+        return f"{self.cgroup}/{container.cgroup}" if container.cgroup else self.cgroup
+
+    def to_request(self) -> WorkloadRequest:
+        return WorkloadRequest(
+            self.name,
+            tuple(
+                ContainerRequest(c.name, c.exclusive_cpus, dict(c.memory), dict(c.devices), c.kind)
+                for c in self.containers
+            ),
+            self.policy,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec in its own JSON shape: ``parse_spec`` reads it back to an equal spec."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.unit is not None:
+            out["unit"] = self.unit
+        if self.cgroup:
+            out["cgroup"] = self.cgroup
+        if self.policy is not None:
+            out["policy"] = self.policy.value
+        only = self.containers[0] if len(self.containers) == 1 else None
+        default = (DEFAULT_CONTAINER, "", ContainerKind.APP)
+        if only and (only.name, only.cgroup, only.kind) == default:
+            return out | _resources_dict(only)
+        out["containers"] = [
+            {"name": c.name, "cgroup": c.cgroup, "kind": c.kind.value, **_resources_dict(c)}
+            for c in self.containers
+        ]
+        return out
+
+
+def _resources_dict(c: ContainerSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if c.exclusive_cpus:
+        out["cpus"] = c.exclusive_cpus
+    elif c.shared_millicpus:
+        out["cpus"] = f"{c.shared_millicpus}m"
+    for resource, amount in c.memory.items():
+        # Memory in bytes, hugepages as a page count (the spec's integer form).
+        page = page_size(resource.removeprefix(HUGEPAGES)) if resource != MEMORY else None
+        out[resource] = amount // page if page else amount
+    if c.devices:
+        out["devices"] = dict(c.devices)
+    return out
