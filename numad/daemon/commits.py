@@ -23,7 +23,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
-from numad.host.enforce import Enforcer, Log, targets
+from numad.host.enforce import Enforcer, Log, Target, targets
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.observe import Problems
@@ -160,6 +160,32 @@ class Commits:
         for path in sorted(self.held.others):
             self.enforcer.forget(path)
         self.held.others = set()
+
+    def isolate_new(self, paths: list[str]) -> None:
+        """Cgroups that just appeared (``numad.host.cgroup.events``), off the exclusive
+        CPUs at once: each that is no workload's gets the shared pool now, not at the
+        next pass. Cost: the new cgroups' writes, nothing per existing cgroup."""
+        held = self.held
+        with held.lock:
+            if held.stopped or not self.config.isolate or not hasattr(held, "books"):
+                return
+            roots = {r.strip("/") for r in self.config.paths.managed_roots}
+            mine = held.owned()
+            new = [
+                p
+                for p in paths
+                if p not in roots
+                and p not in held.others
+                and p not in held.orphans
+                and not any(p == m or m.startswith(p + "/") or p.startswith(m + "/") for m in mine)
+            ]
+            if not new:
+                return
+            held.others |= set(new)
+            self.isolation.mark(held.others, mine)
+            pool = held.books.cpu.shared_pool
+            self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
+        self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 
     def settle_orphans(self) -> None:
         """Forget released cgroups that are gone (or belong to a workload again)."""

@@ -10,11 +10,48 @@ attributes. The machine's part (``topology`` to ``reserved``) is set by
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
 
 from numad.placement.admission import Books, Engine, Outcome
 from numad.placement.managers.cpu.static import StaticPolicy
 from numad.topology.model import Topology
 from numad.workload.shape import WorkloadSpec
+
+
+class TimedLock:
+    """A re-entrant lock that reports how long it was held, from the outermost
+    acquire to the outermost release (``numad_lock_held_seconds``)."""
+
+    def __init__(self, observe: Callable[[float], object] = lambda _: None) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._since = 0.0
+        self.observe = observe
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._depth += 1
+        if self._depth == 1:
+            self._since = time.perf_counter()
+        return True
+
+    def release(self) -> None:
+        self._depth -= 1
+        held = time.perf_counter() - self._since if self._depth == 0 else None
+        self._lock.release()
+        if held is not None:
+            self.observe(held)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
 
 
 class Holdings:
@@ -24,8 +61,8 @@ class Holdings:
     books: Books
     reserved: int  # the reserved CPUs, as bits
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, lock: TimedLock | None = None) -> None:
+        self.lock = lock or TimedLock()
         self.specs: dict[str, WorkloadSpec] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.unplaced: dict[str, str] = {}  # admitted, holding nothing: the reason

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from numad.daemon import notify
 from numad.daemon.metrics import Metrics
 from numad.daemon.watch import Event, debounce
+from numad.errors import NumadError
+from numad.host.cgroup.events import CgroupEvents
 from numad.observe import Problems
 
 if TYPE_CHECKING:
@@ -87,6 +89,29 @@ def hotplug_loop(
             "hotplug", partial(debounce, source, _pass(supervisor, rediscover), stop=stop)
         )
         stop.wait(1.0)  # the source ended or broke: open it again, not in a tight loop
+
+
+def cgroup_loop(
+    supervisor: Supervisor,
+    open_events: Callable[[], CgroupEvents],
+    isolate_new: Callable[[list[str]], object],
+    stop: threading.Event,
+) -> None:
+    """Isolate each cgroup as it appears in the managed roots (inotify), not at the
+    next reconcile pass, which stays the safety net. Without inotify numad runs on
+    the passes alone (said once)."""
+    try:
+        events = open_events()
+    except (OSError, NumadError) as err:
+        supervisor.log.warning("cgroup_events_unavailable", problem=str(err))
+        return
+    try:
+        while not stop.is_set():
+            found = events.read(0.25)
+            if found:
+                supervisor.run_once("cgroups", partial(isolate_new, found))
+    finally:
+        events.close()
 
 
 def _pass(

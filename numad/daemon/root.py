@@ -24,7 +24,7 @@ from numad.cpuset import CPUSet
 from numad.daemon import state
 from numad.daemon.commits import Commits
 from numad.daemon.config import Config, check_reserved
-from numad.daemon.holdings import Holdings
+from numad.daemon.holdings import Holdings, TimedLock
 from numad.daemon.loops import Supervisor
 from numad.daemon.metrics import Metrics
 from numad.daemon.reconcile import Reconciler
@@ -79,7 +79,7 @@ class Daemon:
         self.log = log
         self.started = False
         self.health = Problems()
-        self.held = held = Holdings()
+        self.held = held = Holdings(TimedLock(self.metrics.lock_held.observe))
         self.lock = held.lock
         self.isolation = Isolation(cgroups, state_dir, log, systemd=systemd, **host_parts(cgroups))
         if self.isolation.problem:
@@ -130,6 +130,7 @@ class Daemon:
         )
         self.nrt, self.host, self.memory_of = self.views.nrt, self.views.host, self.views.memory_of
         self.update_gauges = self.views.update_gauges
+        self.isolate_new = self.commits.isolate_new
 
     # The shared state, read where the API, the page and tests look for it.
     @property

@@ -15,6 +15,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ from numad.daemon.api import Server, outcome_json
 from numad.daemon.config import Config, check_reserved, load
 from numad.daemon.instance import acquire
 from numad.daemon.livepage import LivePage
-from numad.daemon.loops import hotplug_loop, periods, reconcile_loop, watchdog_loop
+from numad.daemon.loops import cgroup_loop, hotplug_loop, periods, reconcile_loop, watchdog_loop
 from numad.daemon.restore import choose_reserved
 from numad.daemon.root import Daemon
 from numad.daemon.watch import udev_events
 from numad.host.cgroup import detect_backend
+from numad.host.cgroup.events import CgroupEvents
 from numad.host.scratch import make_scratch_v2
 from numad.host.systemd_bus import Systemd
 from numad.hostfs import HostFS
@@ -104,6 +106,10 @@ def serve(args: argparse.Namespace) -> int:
     loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
         (reconcile_loop, (supervisor, daemon.reconcile, stop, period))
     ]
+    cgroup_root = getattr(daemon.cgroups, "root", None)
+    if cgroup_root is not None:
+        watch = partial(CgroupEvents, Path(cgroup_root), list(daemon.config.paths.managed_roots))
+        loops.append((cgroup_loop, (supervisor, watch, daemon.isolate_new, stop)))
     if args.root is None:  # a recorded machine has no kernel to send uevents
         loops.append((hotplug_loop, (supervisor, udev_events, daemon.rediscover, stop)))
     if watchdog:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
+from numad.host.cgroup.path import MAX_DEPTH
 from numad.observe import EnforcementCounters, Problems
 from numad.placement.admission import Books, placements
 from numad.workload.shape import WorkloadSpec
@@ -131,6 +132,17 @@ class Enforcer:
             except NumadError as err:
                 self._failed(root, err)
                 continue
+            deep = [p for p in below if p.count("/") >= MAX_DEPTH]
+            if deep:
+                self.problems.set(
+                    f"depth:{root}",
+                    f"{deep[0]}: {len(deep)} cgroups in {root} lie {MAX_DEPTH} levels or more"
+                    " deep; numad does not isolate them one by one (their ancestors bound them"
+                    " on cgroup v2)",
+                )
+                below = [p for p in below if p.count("/") < MAX_DEPTH]
+            else:
+                self.problems.clear(f"depth:{root}")
             for path in below:
                 related = any(
                     path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in mine
@@ -185,6 +197,11 @@ class Enforcer:
         if step is not None:
             step("exclusive")
         for t in reversed(shared):
+            self._share(t, pool)
+
+    def share(self, shared: list[Target], pool: int) -> None:
+        """Write shared targets alone (cgroups that just appeared: they only shrink)."""
+        for t in shared:
             self._share(t, pool)
 
     def _share(self, t: Target, pool: int) -> bool:

@@ -133,9 +133,29 @@ class Isolation:
             del self.originals[path]
         self.isolated = set(paths)
         self.units = {p: u for p, u in self.units.items() if p in paths}
-        if dropped:
-            self._save()
+        kept = self._keep_originals(sorted(paths - set(self.originals)))
+        if dropped or kept:
+            try:
+                self._save()
+            except CheckpointError as err:  # each is kept (or refused) at its first write
+                for path in kept:
+                    del self.originals[path]
+                self.log.warning("isolation_record_failed", problem=str(err))
         return left
+
+    def _keep_originals(self, paths: list[str]) -> list[str]:
+        """The own settings of cgroups isolated from now on, read in one batch and
+        saved once by the caller (not a whole-file rewrite and fsync per cgroup): cost
+        in proportion to the cgroups that are new. One that cannot be read now is
+        read at its first write (``_remember``)."""
+        kept = []
+        for path in paths:
+            try:
+                self.originals[path] = self._original(path)
+            except NumadError:
+                continue
+            kept.append(path)
+        return kept
 
     def _exists(self, path: str) -> bool:
         try:
@@ -309,14 +329,7 @@ class Isolation:
         """Keep the cgroup's own setting, durably, before numad first changes it."""
         if path in self.originals:
             return
-        unit = self._unit(path)
-        if unit is not None:
-            assert self.systemd is not None
-            own = self.systemd.allowed(unit)[0]
-            self.originals[path] = {"via": "systemd", "unit": unit, "cpus": own.format_list()}
-        else:
-            own = self._backend(path).read(path)[0]
-            self.originals[path] = {"via": "cgroupfs", "cpus": own.format_list()}
+        self.originals[path] = self._original(path)
         try:
             self._save()
         except CheckpointError as err:
@@ -324,6 +337,16 @@ class Isolation:
             raise CgroupError(path, f"cannot keep its own cpuset before changing it: {err}") from (
                 err
             )
+
+    def _original(self, path: str) -> dict[str, str]:
+        """The cgroup's own setting now: systemd's AllowedCPUs= or its cpuset file."""
+        unit = self._unit(path)
+        if unit is not None:
+            assert self.systemd is not None
+            own = self.systemd.allowed(unit)[0]
+            return {"via": "systemd", "unit": unit, "cpus": own.format_list()}
+        own = self._backend(path).read(path)[0]
+        return {"via": "cgroupfs", "cpus": own.format_list()}
 
     def _give_back(self, path: str) -> str | None:
         """Write the cgroup's own setting back; the problem if that failed."""

@@ -23,8 +23,8 @@ locality-threshold`` for three passes in a row is listed in health.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ class Migrations:
         self,
         cgroups: Cgroups,
         root: Path | None,
-        lock: threading.RLock,
+        lock: AbstractContextManager[object],
         *,
         log: Log,
         metrics: MemoryMoveCounters,

@@ -63,6 +63,10 @@ _CGROUP_INTERFACES = {
 _Ids = TypeVar("_Ids", CPUSet, NodeSet)
 
 
+BACKOFF_FIRST = 1.0  # seconds a peer that failed is left alone, doubled per failure
+BACKOFF_MAX = 30.0
+
+
 class SystemdError(NumadError):
     """A call to systemd failed: an error reply, no reply in time, or a lost connection."""
 
@@ -173,6 +177,11 @@ class Systemd:
         self.timeout = timeout
         self._path, self._peer = path, peer
         self._turn = threading.RLock()  # one call at a time on the stream (Hello nests)
+        # A peer that did not answer is not asked again until the backoff has passed:
+        # a pass that needs systemd many times waits once, not once per call.
+        self.clock = time.monotonic
+        self._backoff = 0.0
+        self._quiet_until = 0.0
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -302,10 +311,23 @@ class Systemd:
         """The reply to ``message``; a lost or stalled connection raises and is closed."""
         member = message.header.fields.get(HeaderFields.member)
         with self._turn:
-            if self._stream is None:
-                self._reconnect(name, member)
-            assert self._stream is not None
-            return self._exchange(name, member, self._stream, message)
+            left = self._quiet_until - self.clock()
+            if left > 0:
+                problem = (
+                    f"not asking {member}: {self.address} did not answer; again in {left:.1f} s"
+                )
+                raise SystemdError(name, problem)
+            try:
+                if self._stream is None:
+                    self._reconnect(name, member)
+                assert self._stream is not None
+                reply = self._exchange(name, member, self._stream, message)
+            except SystemdError:
+                self._backoff = min(max(2 * self._backoff, BACKOFF_FIRST), BACKOFF_MAX)
+                self._quiet_until = self.clock() + self._backoff
+                raise
+            self._backoff = 0.0
+            return reply
 
     def _reconnect(self, name: str, member: object) -> None:
         """A new stream where the last one failed (it may have held half a call)."""

@@ -31,7 +31,7 @@ from jeepney import (
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.host import systemd_bus
-from numad.host.systemd_bus import Systemd, SystemdError, from_dbus, to_dbus
+from numad.host.systemd_bus import BACKOFF_FIRST, Systemd, SystemdError, from_dbus, to_dbus
 
 UNIT_PATH = "/org/freedesktop/systemd1/unit/"
 INTERFACES = {"service": "Service", "slice": "Slice", "scope": "Scope"}
@@ -287,12 +287,27 @@ def test_stalled_peer_times_out(fake: FakeSystemd, systemd: Systemd) -> None:
     with pytest.raises(SystemdError, match=r"^web\.service: no reply to GetUnit .* within 2 s"):
         systemd.unit("web.service")
     assert time.monotonic() - start < systemd.timeout + 2
-    # The stream may hold half a call now: it is closed, not reused; the next call
-    # connects again, and fails while systemd still does not answer.
+    # Within the backoff the peer is not asked at all: the call fails at once.
+    asked = len(fake.members)
+    start = time.monotonic()
+    with pytest.raises(SystemdError, match=r"not asking GetUnit: .* did not answer; again in"):
+        systemd.unit("web.service")
+    assert time.monotonic() - start < 0.5
+    assert len(fake.members) == asked
+    # The stream may hold half a call now: it is closed, not reused; once the backoff
+    # has passed, the next call connects again, and fails while systemd still does not
+    # answer (and the backoff doubles).
+    now = [time.monotonic() + BACKOFF_FIRST]
+    systemd.clock = lambda: now[0]
     with pytest.raises(SystemdError, match=r"the connection to .* is lost"):
         systemd.unit("web.service")
     fake.stall.clear()
+    now[0] += 2 * BACKOFF_FIRST - 0.1
+    with pytest.raises(SystemdError, match=r"not asking"):
+        systemd.unit("web.service")
+    now[0] += 0.2
     assert systemd.unit("web.service") == object_path("web.service")
+    assert systemd.unit("web.service") == object_path("web.service")  # backoff reset
 
 
 def test_threads_take_turns_on_one_connection(systemd: Systemd) -> None:

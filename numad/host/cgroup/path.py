@@ -67,3 +67,9 @@ class CgroupPath:
 
 def as_path(path: CgroupPath | str) -> CgroupPath:
     return path if isinstance(path, CgroupPath) else CgroupPath.parse(path)
+
+
+# Levels below the hierarchy's root that numad follows. Deeper cgroups are not
+# isolated one by one (on v2 their isolated ancestor bounds them) and are named in
+# health: a chain of thousands of levels would otherwise cost every pass O(depth^2).
+MAX_DEPTH = 32

@@ -1,0 +1,93 @@
+"""A busy host (issue 23): the cost of a pass grows with what changed, and the
+daemon's lock says how long it is held. On the recorded 2-socket machine with a
+scratch v2 tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.daemon.holdings import TimedLock
+from numad.host import durable, isolation
+from numad.host.cgroup.path import MAX_DEPTH
+from numad.host.scratch import scratch_mkdir
+from tests.conftest import Machines, recorded_daemon
+
+
+def test_new_strays_cost_one_isolation_record_write_per_pass(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: isolation.json was rewritten and fsynced once per new cgroup, so a
+    pass over N new cgroups wrote N files of O(N) bytes each."""
+    daemon = recorded_daemon(machines, tmp_path)
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(300):
+        scratch_mkdir(tree, f"numad.slice/stray{i}")
+    writes: list[str] = []
+    real = durable.write_file
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        writes.append(str(args[1]))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(isolation, "write_file", counted)
+    daemon.reconcile()
+    assert writes == [isolation.FILE]
+    record = json.loads((daemon.state_dir / isolation.FILE).read_text())
+    assert {f"numad.slice/stray{i}" for i in range(300)} <= set(record["cgroups"])
+    writes.clear()
+    daemon.reconcile()  # nothing new: nothing written
+    assert writes == []
+
+
+def test_the_lock_reports_each_outermost_hold_once() -> None:
+    held: list[float] = []
+    lock = TimedLock(held.append)
+    with lock:
+        with lock:  # re-entered: one hold
+            pass
+        assert held == []
+    assert len(held) == 1
+    assert held[0] >= 0
+    assert lock.acquire(blocking=False)
+    lock.release()
+    assert len(held) == 2
+
+
+def test_requests_and_passes_are_measured_in_the_lock_histogram(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+
+    def count() -> float:
+        value = daemon.metrics.registry.get_sample_value("numad_lock_held_seconds_count")
+        return value or 0.0
+
+    before = count()
+    daemon.reconcile()
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    assert count() >= before + 2
+
+
+def test_a_deep_chain_is_bounded_and_named_in_health(machines: Machines, tmp_path: Path) -> None:
+    """A 200-deep chain in a managed root: isolated down to the bound, the rest named
+    in health. Before: every level was isolated, each write resolving every level
+    above it (a 400-deep chain took 9 minutes a pass)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    chain = "numad.slice/" + "/".join(f"d{i}" for i in range(200))
+    scratch_mkdir(tree, chain)
+    daemon.reconcile()
+    deep = {p for p in daemon.others if p.startswith("numad.slice/d0")}
+    assert max(p.count("/") for p in deep) == MAX_DEPTH - 1
+    assert len(deep) == MAX_DEPTH - 1
+    problems = [p for p in daemon.problems if "levels or more deep" in p]
+    assert len(problems) == 1
+    assert problems[0].startswith(f"numad.slice/{'/'.join(f'd{i}' for i in range(MAX_DEPTH))}:")
+    assert f"{200 - MAX_DEPTH + 1} cgroups in numad.slice" in problems[0]

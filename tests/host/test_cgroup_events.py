@@ -1,0 +1,120 @@
+"""New cgroups seen when they appear (issue 23): inotify on the managed roots, and
+the daemon isolating a new cgroup with no reconcile pass at all. On a scratch v2 tree
+of the recorded 2-socket machine: plain directories, the same IN_CREATE as cgroupfs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from numad.cpuset import CPUSet
+from numad.daemon.loops import Supervisor, cgroup_loop
+from numad.host.cgroup.events import CgroupEvents
+from numad.host.cgroup.path import MAX_DEPTH
+from tests.conftest import Machines, recorded_daemon
+
+
+def _read_until(events: CgroupEvents, want: set[str], seconds: float = 10.0) -> set[str]:
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds  # a bound for a hung test, not a speed goal
+    while not want <= seen and time.monotonic() < deadline:
+        seen.update(events.read(0.2))
+    return seen
+
+
+def test_new_directories_are_reported_nested_ones_too(tmp_path: Path) -> None:
+    (tmp_path / "numad.slice/old").mkdir(parents=True)
+    (tmp_path / "system.slice").mkdir()
+    events = CgroupEvents(tmp_path, ["numad.slice"])
+    try:
+        assert events.read(0.05) == []
+        (tmp_path / "numad.slice/a").mkdir()
+        (tmp_path / "numad.slice/old/b").mkdir()  # in a directory watched from the start
+        assert _read_until(events, {"numad.slice/a", "numad.slice/old/b"}) == {
+            "numad.slice/a",
+            "numad.slice/old/b",
+        }
+        # A subtree made at once (mkdir -p): its lower levels may exist before the
+        # new directory's watch does; they are found by listing it.
+        (tmp_path / "numad.slice/p/q/r").mkdir(parents=True)
+        got = _read_until(events, {"numad.slice/p", "numad.slice/p/q", "numad.slice/p/q/r"})
+        assert got == {"numad.slice/p", "numad.slice/p/q", "numad.slice/p/q/r"}
+        (tmp_path / "system.slice/x").mkdir()  # not in a managed root
+        (tmp_path / "numad.slice/file").write_text("")  # not a directory
+        assert events.read(0.2) == []
+    finally:
+        events.close()
+
+
+def test_a_managed_root_made_later_is_followed(tmp_path: Path) -> None:
+    """numad.slice appears with its first unit, after numad started."""
+    events = CgroupEvents(tmp_path, ["machine.slice/numad"])
+    try:
+        (tmp_path / "machine.slice/numad/vm1/vcpu0").mkdir(parents=True)
+        (tmp_path / "machine.slice/other").mkdir()  # beside the root: not numad's
+        got = _read_until(events, {"machine.slice/numad/vm1", "machine.slice/numad/vm1/vcpu0"})
+        assert got == {"machine.slice/numad/vm1", "machine.slice/numad/vm1/vcpu0"}
+        (tmp_path / "machine.slice/numad/vm2").mkdir()
+        assert _read_until(events, {"machine.slice/numad/vm2"}) == {"machine.slice/numad/vm2"}
+    finally:
+        events.close()
+
+
+def test_a_chain_deeper_than_the_bound_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "numad.slice").mkdir()
+    events = CgroupEvents(tmp_path, ["numad.slice"])
+    try:
+        chain = "numad.slice/" + "/".join(f"d{i}" for i in range(MAX_DEPTH + 8))
+        (tmp_path / chain).mkdir(parents=True)
+        seen = _read_until(events, set(), 0.5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (more := events.read(0.2)):
+            seen.update(more)
+        assert seen  # the chain is seen down to the bound, and no further
+        assert max(p.count("/") for p in seen) == MAX_DEPTH - 1
+    finally:
+        events.close()
+
+
+def test_a_new_cgroup_is_isolated_before_any_reconcile_pass(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 6}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    supervisor = Supervisor(daemon.log, daemon.metrics, daemon.health)
+    stop = threading.Event()
+    passes = daemon.held.passes
+    loop = threading.Thread(
+        target=cgroup_loop,
+        args=(supervisor, lambda: CgroupEvents(tree, ["numad.slice"]), daemon.isolate_new, stop),
+    )
+    loop.start()
+    try:
+        time.sleep(0.3)  # the watches are in place
+        (tree / "numad.slice/newcomer").mkdir()
+        cpus = tree / "numad.slice/newcomer/cpuset.cpus"
+        deadline = time.monotonic() + 10  # a bound for a hung test; no pass runs meanwhile
+        while time.monotonic() < deadline:
+            text = cpus.read_text().strip() if cpus.exists() else ""
+            if text and not CPUSet.parse_list(text) & exclusive:
+                break
+            time.sleep(0.02)
+        held = CPUSet.parse_list(cpus.read_text())
+        assert held, "the new cgroup was not written"
+        assert not held & exclusive
+        assert held == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+        assert "numad.slice/newcomer" in daemon.others
+        assert daemon.held.passes == passes  # the event did it, not a pass
+        # The workload's own cgroup and anything inside it are not the event path's.
+        (tree / "numad.slice/db/inner").mkdir()
+        time.sleep(0.5)
+        assert "numad.slice/db/inner" not in daemon.others
+    finally:
+        stop.set()
+        loop.join(5)
+    assert not loop.is_alive()
