@@ -72,6 +72,7 @@ class Holdings:
         self.gone_since: dict[str, float] = {}  # workload -> when its cgroups went
         self.rediscover_pending = False
         self.stopped = False
+        self.stopping = threading.Event()  # SIGTERM: writes end, passes return
         self.passes = 0  # reconcile passes
         self.repairs = 0  # drift repaired, over all passes
 

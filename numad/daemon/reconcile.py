@@ -103,7 +103,7 @@ class Reconciler:
         held = self.held
         started = time.perf_counter()
         with held.lock, self.metrics.reconcile_duration.time():
-            if held.stopped:  # a pass that waited for the lock while numad stopped
+            if held.stopped or held.stopping.is_set():  # numad stops: no new pass
                 return
             held.passes += 1
             self._check_root()
@@ -191,6 +191,7 @@ class Reconciler:
     def stop(self) -> None:
         """numad stops: the cgroups it isolated get every CPU back (their parent's)."""
         held = self.held
+        held.stopping.set()  # a pass under way ends its writes and lets go of the lock
         with held.lock:
             held.stopped = True
             self.commits.end_isolation()

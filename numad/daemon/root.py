@@ -101,6 +101,7 @@ class Daemon:
             on_failed=lambda path: self.enforcer.written.pop(path, None),
         )
         self.enforcer.moves = self.migrations
+        self.enforcer.cancelled = held.stopping.is_set
         self.supervisor = Supervisor(log, self.metrics, self.health, clock)
         self.commits = Commits(
             held, config, state_dir, log, self.health, self.enforcer, self.isolation, self.irqs
@@ -184,6 +185,11 @@ class Daemon:
     @clock.setter
     def clock(self, value: Callable[[], float]) -> None:
         self.reconciler.clock = value
+
+    def interrupt(self) -> None:
+        """SIGTERM: a pass or request under way ends its cgroup writes now (``stop``
+        follows, once the API server has stopped)."""
+        self.held.stopping.set()
 
     def stop(self) -> None:
         self.reconciler.stop()

@@ -90,6 +90,7 @@ def serve(args: argparse.Namespace) -> int:
     def shutdown(_sig: int, _frame: object) -> None:
         notify.stopping()
         stop.set()
+        daemon.interrupt()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     def reload(_sig: int, _frame: object) -> None:

@@ -108,6 +108,7 @@ class Enforcer:
         self, cgroups: Cgroups, metrics: EnforcementCounters, log: Log, problems: Problems
     ) -> None:
         self.cgroups = cgroups
+        self.cancelled: Callable[[], bool] = lambda: False  # numad is stopping
         self.metrics = metrics
         self.log = log
         self.problems = problems
@@ -187,16 +188,24 @@ class Enforcer:
         # Deepest first when shrinking, top first when growing: cgroup v1 refuses a
         # parent narrower than its child (host isolation writes whole v1 trees).
         shared.sort(key=lambda t: t.path.count("/"), reverse=True)
+        # numad stopping (``cancelled``) ends the writes between two of them: the
+        # order holds for every write made, and the next start writes the rest.
         for t in shared + narrow:
+            if self.cancelled():
+                return
             if not self._share(t, pool):
                 failing.append(t.path)
                 blocked |= self._held(t.path, empty=-1)
         if step is not None:
             step("shared")
+        if self.cancelled():
+            return
         self._grant(pending, blocked, failing)
         if step is not None:
             step("exclusive")
         for t in reversed(shared):
+            if self.cancelled():
+                return
             self._share(t, pool)
 
     def share(self, shared: list[Target], pool: int) -> None:

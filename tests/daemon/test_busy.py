@@ -91,3 +91,31 @@ def test_a_deep_chain_is_bounded_and_named_in_health(machines: Machines, tmp_pat
     assert len(problems) == 1
     assert problems[0].startswith(f"numad.slice/{'/'.join(f'd{i}' for i in range(MAX_DEPTH))}:")
     assert f"{200 - MAX_DEPTH + 1} cgroups in numad.slice" in problems[0]
+
+
+def test_stopping_ends_a_pass_between_two_writes(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM during a long pass (thousands of strays): no cgroup write after it,
+    then every isolated cgroup gets its own setting back."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(60):
+        scratch_mkdir(tree, f"numad.slice/stray{i}")
+    writes: list[str] = []
+    real = daemon.isolation.write
+
+    def write(path: str, cpus: Any, mems: Any) -> None:
+        writes.append(path)
+        if len(writes) == 5:
+            daemon.interrupt()  # as the SIGTERM handler does
+        real(path, cpus, mems)
+
+    monkeypatch.setattr(daemon.isolation, "write", write)
+    daemon.reconcile()
+    assert len(writes) == 5
+    daemon.reconcile()  # a pass after the signal does nothing
+    assert len(writes) == 5
+    monkeypatch.undo()
+    daemon.stop()
+    assert not daemon.isolation.originals  # all given back
