@@ -92,8 +92,16 @@ def numad(machines: Machines, tmp_path: Path) -> Iterator[Numad]:
     config.write_text(CONFIG)
     daemon = Numad(root, config)
     daemon.start()
-    for name in ("db", "web", "batch", "big"):
-        scratch_mkdir(daemon.cgroups, f"numad.slice/{name}")  # what systemd would do
+    made = {f"numad.slice/{name}" for name in ("db", "web", "batch", "big")}
+    for path in sorted(made):
+        scratch_mkdir(daemon.cgroups, path)  # what systemd would do
+    # numad isolates each as it appears (inotify): the tests start once it has.
+    deadline = time.monotonic() + 30  # a bound for a hung daemon, not a speed goal
+    while time.monotonic() < deadline:
+        isolated = {i["cgroup"] for i in daemon.call("GET", "/v1/host")["isolated"]}
+        if made <= isolated:
+            break
+        time.sleep(0.05)
     yield daemon
     if daemon.proc is not None and daemon.proc.poll() is None:
         daemon.stop()
