@@ -23,7 +23,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
-from numad.host.enforce import Enforcer, Log, Target, targets
+from numad.host.enforce import Enforcer, Log, Target, related_to, targets
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.observe import Problems
@@ -177,7 +177,7 @@ class Commits:
                 if p not in roots
                 and p not in held.others
                 and p not in held.orphans
-                and not any(p == m or m.startswith(p + "/") or p.startswith(m + "/") for m in mine)
+                and not related_to(p, mine)
             ]
             if not new:
                 return

@@ -96,6 +96,11 @@ def targets(
     return released + out
 
 
+def related_to(path: str, cgroups: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``cgroups``, above one or below one."""
+    return any(path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in cgroups)
+
+
 def _union(masks: Iterable[int]) -> int:
     union = 0
     for mask in masks:
@@ -145,9 +150,7 @@ class Enforcer:
             else:
                 self.problems.clear(f"depth:{root}")
             for path in below:
-                related = any(
-                    path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in mine
-                )
+                related = related_to(path, mine)
                 if not related:
                     found.add(path)
         return found
