@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,43 @@ def test_adopting_keeps_what_a_plain_directory_already_holds(tmp_path: Path) -> 
     assert backend.exists("numad.slice/web")
     assert (web / "cgroup.type").read_text() == "threaded\n"
     assert (web / "cgroup.procs").read_text() == "\n"
+
+
+@pytest.mark.parametrize("kind", ["v2", "v1"])
+def test_a_reaction_to_a_mkdir_waits_for_the_whole_cgroup(tmp_path: Path, kind: str) -> None:
+    """The kernel makes a cgroup whole before anyone sees it. numad reacts to a
+    test's mkdir at once (inotify), in another process: that reader must never see
+    half a cgroup, and its write must not be undone by the rest of the mkdir."""
+    backend, _, _ = _backend(kind, tmp_path)
+    root = backend.root
+    other = type(backend)(root, ["numad.slice"], emulate_kernel=True)  # the daemon's
+    pool = CPUSet([2, 3])
+    names = [f"numad.slice/c{i}" for i in range(80)]
+    errors: list[BaseException] = []
+    made = threading.Event()
+
+    def react() -> None:
+        done: set[str] = set()
+        while len(done) < len(names):
+            for child in (root / "numad.slice").iterdir():
+                path = f"numad.slice/{child.name}"
+                if child.is_dir() and path in names and path not in done:
+                    try:
+                        other.write(path, pool, None)
+                    except (CgroupError, ValueError) as err:
+                        errors.append(err)
+                    done.add(path)
+            if made.is_set() and errors:
+                return
+            time.sleep(0.0005)  # a watcher's pace, leaving the GIL to the mkdirs
+
+    reactor = threading.Thread(target=react, daemon=True)
+    reactor.start()
+    for path in names:
+        scratch_mkdir(root, path) if kind == "v2" else backend.ensure(path)
+    made.set()
+    reactor.join(timeout=120)  # a bound for a hang, not a speed goal
+    assert not reactor.is_alive()
+    assert errors == []
+    torn = {p: backend.read(p)[0] for p in names if backend.read(p)[0] != pool}
+    assert torn == {}, "a reaction's write was undone by the rest of the mkdir"

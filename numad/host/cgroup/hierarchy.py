@@ -15,13 +15,18 @@ kernel's errno means for a cpuset.
 Scratch trees (``numad.host.scratch``) hold ``SCRATCH_MARKER``, a regular file that
 cgroupfs cannot hold (it refuses to create regular files). Kernel emulation
 refuses a tree without the marker, so on a real hierarchy numad never writes a
-file that the kernel owns.
+file that the kernel owns. The kernel does each cgroup operation whole (under its
+``cgroup_mutex``); the emulation does the same across processes with ``KernelMutex``,
+so numad reacting to a test's ``mkdir`` never sees, or writes into, half a cgroup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +40,42 @@ SCRATCH_MARKER = ".numad-scratch"
 def is_scratch(root: Path) -> bool:
     """Whether ``root`` is a scratch tree (``numad.host.scratch``): it holds the marker."""
     return (root / SCRATCH_MARKER).is_file()
+
+
+class KernelMutex:
+    """The emulated kernel's one lock, shared by every process on a scratch tree.
+
+    ``flock`` on the tree's marker serialises processes (and the threads of one
+    process, each entry holding its own open file); entering again from the thread
+    that holds it only counts, as the emulation's operations nest.
+    """
+
+    def __init__(self, marker: Path) -> None:
+        self._marker = marker
+        self._local = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        self._local.acquire()
+        if self._depth == 0:
+            try:
+                self._fd = os.open(self._marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except OSError:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
+                self._local.release()
+                raise
+        self._depth += 1
+
+    def __exit__(self, *_: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = -1
+        self._local.release()
 
 
 class Hierarchy:
@@ -59,6 +100,11 @@ class Hierarchy:
                 "lay the tree out with numad.host.scratch.make_scratch_v2 or make_scratch_v1",
             )
         self.emulate_kernel = emulate_kernel
+        self._kernel_mutex: contextlib.AbstractContextManager[None] = (
+            KernelMutex(self._real_root / SCRATCH_MARKER)
+            if emulate_kernel
+            else contextlib.nullcontext()
+        )
 
     def __repr__(self) -> str:
         roots = [str(r) for r in self.managed_roots]

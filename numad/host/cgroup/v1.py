@@ -59,19 +59,22 @@ class CgroupV1Backend(Hierarchy):
         takes no tasks; so every managed level that is empty (new, or left so by a
         crash between mkdir and the first write) is filled from its parent.
         """
-        cg, managed, _ = self._locate(path)
-        levels = self._levels(cg, managed)
-        for (parent, parent_dir), (child, child_dir) in itertools.pairwise(levels):
-            if not child_dir.is_dir():
-                with self._failures(child, "creating the cgroup", parent_dir):
-                    nodes.Node(os.fsencode(parent_dir)).create_cgroup(os.fsencode(child.parts[-1]))
-                if self._kernel is not None:
-                    self._kernel.populate(child_dir)
-            if child.is_within(managed):
-                cpus, mems = self._configured(child, child_dir)
-                if not cpus or not mems:
-                    parent_cpus, parent_mems = self._configured(parent, parent_dir)
-                    self._set(child, child_dir, cpus or parent_cpus, mems or parent_mems)
+        with self._kernel_mutex:
+            cg, managed, _ = self._locate(path)
+            levels = self._levels(cg, managed)
+            for (parent, parent_dir), (child, child_dir) in itertools.pairwise(levels):
+                if not child_dir.is_dir():
+                    with self._failures(child, "creating the cgroup", parent_dir):
+                        nodes.Node(os.fsencode(parent_dir)).create_cgroup(
+                            os.fsencode(child.parts[-1])
+                        )
+                    if self._kernel is not None:
+                        self._kernel.populate(child_dir)
+                if child.is_within(managed):
+                    cpus, mems = self._configured(child, child_dir)
+                    if not cpus or not mems:
+                        parent_cpus, parent_mems = self._configured(parent, parent_dir)
+                        self._set(child, child_dir, cpus or parent_cpus, mems or parent_mems)
 
     def write(self, path: CgroupPath | str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         """Write cpuset.cpus, then cpuset.mems; None leaves a file alone.
@@ -119,7 +122,7 @@ class CgroupV1Backend(Hierarchy):
         cg, _, d = self._locate(path)
         cpus, mems = self._configured(cg, d)
         ctl = _controller(d)
-        with self._failures(cg, "reading the effective cpuset", d):
+        with self._kernel_mutex, self._failures(cg, "reading the effective cpuset", d):
             if (d / "cpuset.effective_cpus").is_file():
                 cpus = CPUSet.parse_list(ctl.get_property(b"cpuset.effective_cpus"))
             if (d / "cpuset.effective_mems").is_file():
@@ -133,7 +136,7 @@ class CgroupV1Backend(Hierarchy):
 
     def _configured(self, cg: CgroupPath, d: Path) -> tuple[CPUSet, NodeSet]:
         ctl = _controller(d)
-        with self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
+        with self._kernel_mutex, self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
             cpus = CPUSet.parse_list(ctl.get_property(b"cpuset.cpus"))
             mems = NodeSet.parse_list(ctl.get_property(b"cpuset.mems"))
         return cpus, mems
@@ -156,7 +159,7 @@ class CgroupV1Backend(Hierarchy):
 
     def _set_one(self, cg: CgroupPath, d: Path, name: str, ids: _S) -> None:
         file = d / f"cpuset.{name}"
-        with self._failures(cg, f"writing {str(ids)!r} to {file.name}", d):
+        with self._kernel_mutex, self._failures(cg, f"writing {str(ids)!r} to {file.name}", d):
             if file.is_symlink():  # cgroupspy's open() would follow it
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(file))
             if self._kernel is not None:

@@ -98,22 +98,26 @@ class CgroupV2Backend(Hierarchy):
     def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:
         found = super()._locate(path)
         if self._kernel is not None:  # a plain mkdir in a scratch tree is a cgroup too
-            with self._failures(found[0], "completing it as a cgroup", found[2]):
+            with (
+                self._kernel_mutex,
+                self._failures(found[0], "completing it as a cgroup", found[2]),
+            ):
                 self._kernel.adopt(self._real_root, found[2])
         return found
 
     def ensure(self, path: CgroupPath | str) -> None:
         """Make ``path`` exist with cpuset enabled in every ancestor's subtree_control."""
-        cg, managed, _ = self._locate(path)
-        levels = self._levels(cg, managed)
-        for (parent, parent_dir), (child, child_dir) in itertools.pairwise(levels):
-            self._enable_cpuset(parent, parent_dir)
-            if not child_dir.is_dir():
-                with self._failures(child, "creating the cgroup", parent_dir):
-                    if self._kernel is not None:
-                        self._kernel.mkdir(child_dir)
-                    else:
-                        child_dir.mkdir(exist_ok=True)
+        with self._kernel_mutex:
+            cg, managed, _ = self._locate(path)
+            levels = self._levels(cg, managed)
+            for (parent, parent_dir), (child, child_dir) in itertools.pairwise(levels):
+                self._enable_cpuset(parent, parent_dir)
+                if not child_dir.is_dir():
+                    with self._failures(child, "creating the cgroup", parent_dir):
+                        if self._kernel is not None:
+                            self._kernel.mkdir(child_dir)
+                        else:
+                            child_dir.mkdir(exist_ok=True)
 
     def write(self, path: CgroupPath | str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         """Write cpuset.cpus, then cpuset.mems; None leaves a file alone, empty inherits."""
@@ -126,7 +130,7 @@ class CgroupV2Backend(Hierarchy):
     def read(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
         """The configured sets (empty: inherited from the parent)."""
         cg, _, d = self._locate(path)
-        with self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
+        with self._kernel_mutex, self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
             cpus = _read_file(d / "cpuset.cpus")
             mems = _read_file(d / "cpuset.mems")
             return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
@@ -137,7 +141,7 @@ class CgroupV2Backend(Hierarchy):
     def read_effective(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
         """What the kernel applies; empty sets where the effective files are missing."""
         cg, _, d = self._locate(path)
-        with self._failures(cg, "reading the effective cpuset", d):
+        with self._kernel_mutex, self._failures(cg, "reading the effective cpuset", d):
             cpus = _read_optional(d / "cpuset.cpus.effective")
             mems = _read_optional(d / "cpuset.mems.effective")
             return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
@@ -173,7 +177,8 @@ class CgroupV2Backend(Hierarchy):
     def _write(self, cg: CgroupPath, file: Path, value: str) -> None:
         with self._failures(cg, f"writing {value!r} to {file.name}", file.parent):
             if self._kernel is not None:
-                self._kernel.write(file, value, _write_file)
+                with self._kernel_mutex:
+                    self._kernel.write(file, value, _write_file)
             else:
                 _write_file(file, value)
 

@@ -383,8 +383,11 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     numad.kill()
     numad.start(crash_at="admit:after-shared")
     make_cgroup("crash1")
+    # numad isolates a new cgroup as it appears (inotify): "created with" is after that.
+    isolated = lambda: cpuset_file("crash1", "cpus") == cpuset_file("web", "cpus")  # noqa: E731
+    wait_for(isolated, "numad to isolate the new cgroup")
     start_in("crash1")
-    created_with = CPUSet.parse_list(cpuset_file("crash1", "cpus"))  # v1: the parent's
+    created_with = CPUSet.parse_list(cpuset_file("crash1", "cpus"))
     with pytest.raises((OSError, APIError)):
         numad.call("POST", "/v1/workloads", _spec("crash1", cpus=1))
     assert numad.proc is not None
