@@ -21,6 +21,7 @@ from numad.daemon.metrics import Metrics
 from numad.daemon.watch import Event, debounce
 from numad.errors import NumadError
 from numad.host.cgroup.events import CgroupEvents
+from numad.host.unit_record import UnitRecord
 from numad.observe import Problems
 
 if TYPE_CHECKING:
@@ -63,9 +64,19 @@ class Supervisor:
 
 
 def reconcile_loop(
-    supervisor: Supervisor, reconcile: Callable[[], object], stop: threading.Event, period: float
+    supervisor: Supervisor,
+    reconcile: Callable[[], object],
+    stop: threading.Event,
+    period: float,
+    wake: threading.Event | None = None,
 ) -> None:
-    while not stop.wait(period):
+    """A pass every ``period`` seconds, or at once when ``wake`` is set."""
+    wake = wake or threading.Event()
+    while not stop.is_set():
+        wake.wait(period)
+        wake.clear()
+        if stop.is_set():
+            return
         if supervisor.run_once("reconcile", reconcile):
             notify.status(f"last reconcile {time.strftime('%H:%M:%S')}")
 
@@ -112,6 +123,33 @@ def cgroup_loop(
                 supervisor.run_once("cgroups", partial(isolate_new, found))
     finally:
         events.close()
+
+
+def unit_loop(
+    supervisor: Supervisor,
+    record: Callable[[], UnitRecord | None],
+    wake_reconcile: threading.Event,
+    stop: threading.Event,
+) -> None:
+    """Tell systemd the values numad wrote into its units' cgroups, off the daemon's
+    lock (``numad.host.unit_record``): at once when there is a new one, and every
+    second while one is owed (a failed call, retried with the bus's backoff). A value
+    settled that may have held back a grant wakes the reconcile loop."""
+
+    def round_(current: UnitRecord) -> None:
+        if current.send():
+            wake_reconcile.set()
+
+    while not stop.is_set():
+        current = record()
+        if current is None:
+            stop.wait(1.0)
+            continue
+        current.pending.wait(1.0)
+        if stop.is_set():
+            return
+        if current.wanted or current.returning:
+            supervisor.run_once("units", partial(round_, current))
 
 
 def _pass(

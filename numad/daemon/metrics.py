@@ -33,7 +33,7 @@ from numad.daemon.listener import BoundedHandler, BoundedServer, Limits
 ADMISSION_BUCKETS = tuple(0.00005 * 2**i for i in range(16))
 # A scraper or two: 4 workers, 8 connections queued for them.
 METRICS_LIMITS = Limits(workers=4, queue=8)
-LOOPS = ("reconcile", "cgroups", "hotplug", "watchdog")
+LOOPS = ("reconcile", "cgroups", "units", "hotplug", "watchdog")
 
 # prometheus-client adds a `_created` gauge (the creation time) to every counter and
 # histogram: a quarter of numad's series, each holding about the daemon's start time.

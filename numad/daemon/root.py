@@ -81,7 +81,9 @@ class Daemon:
         self.health = Problems()
         self.held = held = Holdings(TimedLock(self.metrics.lock_held.observe))
         self.lock = held.lock
-        self.isolation = Isolation(cgroups, state_dir, log, systemd=systemd, **host_parts(cgroups))
+        self.isolation = Isolation(
+            cgroups, state_dir, log, systemd=systemd, problems=self.health, **host_parts(cgroups)
+        )
         if self.isolation.problem:
             self.health.set("isolation", self.isolation.problem)
         self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)

@@ -27,7 +27,14 @@ from numad.daemon.api import Server, outcome_json
 from numad.daemon.config import Config, check_reserved, load
 from numad.daemon.instance import acquire
 from numad.daemon.livepage import LivePage
-from numad.daemon.loops import cgroup_loop, hotplug_loop, periods, reconcile_loop, watchdog_loop
+from numad.daemon.loops import (
+    cgroup_loop,
+    hotplug_loop,
+    periods,
+    reconcile_loop,
+    unit_loop,
+    watchdog_loop,
+)
 from numad.daemon.restore import choose_reserved
 from numad.daemon.root import Daemon
 from numad.daemon.watch import udev_events
@@ -104,8 +111,11 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, reload)
     watchdog = notify.watchdog_interval()
     period, stale_after = periods(daemon.config.reconcile_seconds, watchdog)
+    wake = threading.Event()  # a pass now, not at the period's end
+    record = lambda: daemon.isolation.record  # noqa: E731 - rebuilt with systemd's bus
     loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-        (reconcile_loop, (supervisor, daemon.reconcile, stop, period))
+        (reconcile_loop, (supervisor, daemon.reconcile, stop, period, wake)),
+        (unit_loop, (supervisor, record, wake, stop)),
     ]
     cgroup_root = getattr(daemon.cgroups, "root", None)
     if cgroup_root is not None:

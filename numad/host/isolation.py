@@ -8,14 +8,15 @@ engine's tree) and the cgroups inside the managed roots that are no workload's
 (``Enforcer.unmanaged``). They are written in the shared phase of
 ``Enforcer.apply``: shrunk before any exclusive set is granted, grown after.
 
-``Isolation`` is the cgroup backend the enforcer writes through. A cgroup that
-systemd owns (its unit's ControlGroup is that path) gets ``AllowedCPUs=`` as a
-runtime property over D-Bus (``numad.host.systemd_bus``), so systemd agrees and a
-``daemon-reload`` keeps it; any other goes to cgroupfs. Before its first write
-numad keeps the cgroup's own setting (systemd's ``AllowedCPUs=``, or the
-cpuset file) in ``isolation.json`` in the state directory, durably, and on stop
-puts every one back. A crash keeps the file, so the next numad still knows
-what to give back.
+``Isolation`` is the cgroup backend the enforcer writes through. Every isolated
+cgroup is written in cgroupfs, at once; one that systemd owns (its unit's
+ControlGroup is that path) is then given the value as its runtime ``AllowedCPUs=``
+by ``numad.host.unit_record``, from a thread of its own and never under the
+daemon's lock, so systemd agrees and a ``daemon-reload`` keeps it. Before its
+first write numad keeps the cgroup's own cpuset file in ``isolation.json`` in the
+state directory (the unit's own ``AllowedCPUs=`` in ``units.json``), durably, and
+on stop puts every one back. A crash keeps the files, so the next numad still
+knows what to give back.
 
 Edge module: it reads the cgroup root's listing and writes through the backends
 and systemd it is given.
@@ -29,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
@@ -37,23 +38,13 @@ from numad.host.cgroup.v1 import CgroupV1Backend
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.durable import read_json, write_file
 from numad.host.enforce import Cgroups, Log, Target
+from numad.host.unit_record import UnitRecord, Units
+from numad.host.workload_units import WorkloadUnits
+from numad.observe import Problems
+
+__all__ = ["Isolation", "Units", "host_parts"]
 
 FILE = "isolation.json"
-UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
-APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
-
-
-class Units(Protocol):
-    """What isolation needs of systemd (``numad.host.systemd_bus.Systemd``)."""
-
-    def unit(self, name: str) -> str | None: ...
-    def control_group(self, name: str) -> str | None: ...
-    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]: ...
-    def set_allowed(
-        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
-    ) -> None: ...
-    def load(self, name: str) -> str: ...
-    def slice(self, name: str) -> str: ...
 
 
 class Isolation:
@@ -72,23 +63,43 @@ class Isolation:
         root: Path | None = None,
         v1: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        problems: Problems | None = None,
     ) -> None:
         self.cgroups = cgroups
         self.state_dir = state_dir
         self.log = log
-        self.systemd = systemd
         self.host_backend = host_backend  # a backend fenced to the given top-level cgroups
         self.root = root  # the hierarchy's root directory; None: no top-level isolation
         self.v1 = v1
         self.sleep = sleep
+        self.record: UnitRecord | None = None
+        self.problems = problems  # where the record says what systemd lacks
         self.isolated: set[str] = set()
         self.online = CPUSet()  # the online CPUs, set by the daemon: "every CPU" on stop
         self.host: Cgroups | None = None
         self.tops: set[str] = set()
-        self.units: dict[str, str | None] = {}  # path -> systemd unit owning it, or None
-        self.workload_units: dict[str, str] = {}  # a workload's cgroup -> its unit (spec.unit)
-        self.presets: dict[str, tuple[int, NodeSet | None]] = {}  # set while not running
+        self.workloads = WorkloadUnits(
+            None, log, lambda path: self._backend(path).read(path), v1=v1, sleep=sleep
+        )
         self.originals, self.problem = _load(state_dir)
+        self.systemd = systemd  # builds the record
+
+    @property
+    def systemd(self) -> Units | None:
+        return self._systemd
+
+    @systemd.setter
+    def systemd(self, systemd: Units | None) -> None:
+        """systemd's bus, or None; the record of what its units are told goes with it."""
+        self._systemd = systemd
+        self.workloads.systemd = systemd
+        if systemd is None or self.v1:  # systemd sets cpusets only on cgroup v2
+            self.record = None
+            return
+        read = lambda path: self._backend(path).read(path)[0]  # noqa: E731
+        self.record = UnitRecord(
+            systemd, self.state_dir, self.log, read, problems=self.problems, sleep=self.sleep
+        )
 
     # -- which cgroups ---------------------------------------------------------------------
 
@@ -132,7 +143,8 @@ class Isolation:
         for path in dropped:
             del self.originals[path]
         self.isolated = set(paths)
-        self.units = {p: u for p, u in self.units.items() if p in paths}
+        if self.record is not None:
+            self.record.keep_only(paths)
         kept = self._keep_originals(sorted(paths - set(self.originals)))
         if dropped or kept:
             try:
@@ -177,8 +189,8 @@ class Isolation:
         return self._backend(path).exists(path)
 
     def ensure(self, path: str) -> None:
-        # systemd enables the controller for its own units
-        if self._unit(path) is None and self._workload_unit(path) is None:
+        # systemd enables the controller for a workload's unit
+        if self._workload_unit(path) is None:
             self._backend(path).ensure(path)
 
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
@@ -190,14 +202,24 @@ class Isolation:
             self._backend(path).write(path, cpus, mems)
             return
         self._remember(path)
-        unit = self._unit(path)
-        if unit is None:
-            self._backend(path).write(path, cpus, mems)
-        elif cpus is not None:
-            self._set_unit(path, unit, cpus)
+        self._backend(path).write(path, cpus, mems)
+        if self.record is None or cpus is None:
+            return
+        self.record.want(path, cpus)
+        older = self.record.may_run_on(path) - cpus
+        if older:
+            raise CgroupError(
+                path,
+                f"holds cpus {cpus.format_list()}, but systemd may still write AllowedCPUs= it"
+                f" was sent before, with {older.format_list()}; those are granted once it has",
+            )
 
     def read(self, path: str) -> tuple[CPUSet, NodeSet]:
-        return self._backend(path).read(path)
+        """The cgroup's configured sets, with what systemd may still write there."""
+        cpus, mems = self._backend(path).read(path)
+        if self.record is not None and path in self.isolated:
+            cpus |= self.record.may_run_on(path)
+        return cpus, mems
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return self._backend(path).read_effective(path)
@@ -214,114 +236,29 @@ class Isolation:
 
     def via(self, path: str) -> str:
         """How numad writes a cgroup: ``systemd UNIT`` or ``cgroupfs``."""
-        unit = self.units.get(path) or self._workload_unit(path)
+        unit = self._workload_unit(path)
+        if unit is None and self.record is not None:
+            unit = self.record.unit(path)
         return f"systemd {unit}" if unit else "cgroupfs"
 
     # -- systemd ---------------------------------------------------------------------------
 
     def own(self, units: dict[str, str], orphans: Collection[str]) -> None:
-        """The workloads' units (their cgroup -> unit, from the specs), written through
-        systemd; a released unit stays so while its cgroup is an orphan (it is given the
-        shared pool). One that is neither any more has its runtime settings reset, so
-        its next start does not bring back a placement numad no longer holds."""
-        for path, unit in self.workload_units.items():
-            if path in units or path in orphans or self.systemd is None or self.v1:
-                continue
-            try:
-                self.systemd.set_allowed(unit, CPUSet(), NodeSet(), runtime=True)
-            except NumadError as err:
-                self.log.warning("unit_reset_failed", unit=unit, problem=str(err))
-        kept = {p: u for p, u in self.workload_units.items() if p in orphans}
-        self.workload_units = kept | units
-        self.presets = {p: v for p, v in self.presets.items() if p in units}
+        self.workloads.own(units, orphans)
 
     def preset(self, wanted: Iterable[Target]) -> None:
-        """A workload unit that is not running gets its placement as runtime properties
-        now, so that systemd applies it from the first instant of its next start (the
-        enforcer writes only cgroups that exist)."""
-        for t in wanted:
-            unit = self._workload_unit(t.path)
-            if unit is None or self.presets.get(t.path) == (t.cpus, t.mems):
-                continue
-            assert self.systemd is not None
-            try:
-                if self.exists(t.path):
-                    continue
-                self.systemd.set_allowed(unit, CPUSet.from_bits(t.cpus), t.mems, runtime=True)
-            except NumadError as err:
-                self.log.warning("unit_preset_failed", unit=unit, problem=str(err))
-                continue
-            self.presets[t.path] = (t.cpus, t.mems)
-
-    def _runs_in(self, unit: str, path: str) -> bool:
-        """Whether the unit runs in cgroup ``path``, as systemd says. Not whether the
-        directory is there: a cgroup the kernel would not remove at a stop (busy with
-        exiting tasks) stays behind, and systemd applies nothing to it."""
-        assert self.systemd is not None
-        try:  # a stopped unit may be unloaded (systemd's GC): it runs nowhere then
-            loaded = self.systemd.unit(unit) is not None
-            return loaded and self.systemd.control_group(unit) == "/" + path
-        except NumadError as err:
-            raise CgroupError(path, f"cannot ask systemd about {unit}: {err}") from err
+        self.workloads.preset(wanted, self.exists)
 
     def _workload_unit(self, path: str) -> str | None:
-        """The workload's unit, where numad writes it through systemd (v2 only)."""
-        if self.systemd is None or self.v1:
-            return None
-        return self.workload_units.get(path)
+        return self.workloads.unit_of(path)
 
-    def _unit(self, path: str) -> str | None:
-        """The systemd unit whose control group ``path`` is, if systemd owns it (v2 only:
-        systemd sets cpusets only on the unified hierarchy)."""
-        if self.systemd is None or self.v1 or path not in self.isolated:
-            return None
-        if path not in self.units:
-            name = path.rsplit("/", maxsplit=1)[-1]
-            owned = None
-            if name.endswith(UNIT_SUFFIXES):
-                try:
-                    if self.systemd.unit(name) and self.systemd.control_group(name) == "/" + path:
-                        owned = name
-                except NumadError as err:
-                    raise CgroupError(path, f"cannot ask systemd about {name}: {err}") from err
-            self.units[path] = owned
-        return self.units[path]
+    def _runs_in(self, unit: str, path: str) -> bool:
+        return self.workloads.runs_in(unit, path)
 
     def _set_unit(
         self, path: str, unit: str, cpus: CPUSet | None, mems: NodeSet | None = None
     ) -> None:
-        """AllowedCPUs= (and AllowedMemoryNodes=) at runtime, then wait until systemd
-        has written the files: the enforcer's order (shrink before granting) holds only
-        once the kernel has it. A unit not running gets them when it starts."""
-        assert self.systemd is not None
-        try:
-            self.systemd.set_allowed(unit, cpus, mems, runtime=True)
-        except NumadError as err:
-            raise CgroupError(path, f"systemd refused AllowedCPUs= for {unit}: {err}") from err
-        if cpus is None or not self.exists(path):
-            return
-        deadline = time.monotonic() + APPLY_SECONDS
-        delay = 0.005
-        while True:
-            try:
-                now, now_mems = self._backend(path).read(path)
-            except NumadError:
-                now, now_mems = CPUSet(), NodeSet()  # systemd may drop the controller
-            if now == cpus and mems in (None, now_mems):
-                return
-            if time.monotonic() >= deadline:
-                asked = f"AllowedCPUs={cpus.format_list()}"
-                held = f"cpuset.cpus {now.format_list() or 'empty'}"
-                if mems is not None:
-                    asked += f" AllowedMemoryNodes={mems.format_list()}"
-                    held += f", cpuset.mems {now_mems.format_list() or 'empty'}"
-                raise CgroupError(
-                    path,
-                    f"systemd accepted {asked} for {unit} but the cgroup holds {held}"
-                    f" after {APPLY_SECONDS:.0f} s",
-                )
-            self.sleep(delay)
-            delay = min(delay * 2, 0.2)
+        self.workloads.set(path, unit, cpus, mems, self.exists)
 
     # -- what to give back -----------------------------------------------------------------
 
@@ -339,12 +276,8 @@ class Isolation:
             )
 
     def _original(self, path: str) -> dict[str, str]:
-        """The cgroup's own setting now: systemd's AllowedCPUs= or its cpuset file."""
-        unit = self._unit(path)
-        if unit is not None:
-            assert self.systemd is not None
-            own = self.systemd.allowed(unit)[0]
-            return {"via": "systemd", "unit": unit, "cpus": own.format_list()}
+        """The cgroup's own setting now: its cpuset file (a unit's own AllowedCPUs=
+        is kept by the record, before it is first told another)."""
         own = self._backend(path).read(path)[0]
         return {"via": "cgroupfs", "cpus": own.format_list()}
 
@@ -356,7 +289,9 @@ class Isolation:
         # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
         every = cpus or self.online
         try:
-            if own.get("via") == "systemd" and self.systemd is not None:
+            if self.record is not None:
+                self.record.give_back(path, self.online)
+            if own.get("via") == "systemd" and self.systemd is not None:  # numad before 2026-12
                 self.systemd.set_allowed(own["unit"], every, None, runtime=True)
                 if not cpus:  # the property unset, as before (the file keeps every CPU)
                     self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
@@ -383,6 +318,8 @@ class Isolation:
             problem = self._give_back(path)
             if problem:
                 problems.append(problem)
+        if self.record is not None:  # units told, though no longer isolated
+            problems += self.record.give_all_back(self.online)
         if not problems:
             self.originals = {}
             self._save()

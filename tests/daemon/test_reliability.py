@@ -20,13 +20,20 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import state
 from numad.daemon.instance import InstanceError, acquire
-from numad.daemon.loops import Supervisor, hotplug_loop, watchdog_loop
+from numad.daemon.loops import (
+    Supervisor,
+    hotplug_loop,
+    reconcile_loop,
+    unit_loop,
+    watchdog_loop,
+)
 from numad.daemon.metrics import Metrics
 from numad.daemon.root import Daemon
 from numad.daemon.watch import Event
 from numad.errors import CgroupError, CheckpointError
 from numad.host import durable
 from numad.host.scratch import scratch_mkdir
+from numad.host.systemd_bus import SystemdError
 from numad.observe import Problems
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
 
@@ -424,3 +431,98 @@ class _Log:
 
 def _problems() -> Problems:
     return Problems()
+
+
+class _StuckSystemd:
+    """systemd that never answers in time: each call waits ``delay`` seconds, then
+    fails as the bus does after its timeout. Stands in for a loaded systemd (the VM
+    tier runs the real one, which cannot be made slow on demand)."""
+
+    def __init__(self, control_groups: dict[str, str], delay: float) -> None:
+        self.control_groups = control_groups
+        self.delay = delay
+        self.calls = 0
+
+    def _slow(self, name: str) -> None:
+        self.calls += 1
+        threading.Event().wait(self.delay)
+        raise SystemdError(name, f"no reply within {self.delay:g} s (injected)")
+
+    def unit(self, name: str) -> str | None:
+        return f"/org/freedesktop/systemd1/unit/{name}" if name in self.control_groups else None
+
+    def control_group(self, name: str) -> str | None:
+        return self.control_groups.get(name)
+
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
+        self._slow(name)
+        raise AssertionError("unreachable")
+
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None:
+        self._slow(name)
+
+    def load(self, name: str) -> str:
+        self._slow(name)
+        raise AssertionError("unreachable")
+
+    def slice(self, name: str) -> str:
+        return "-.slice"
+
+
+def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: reconcile passes and admissions waited on D-Bus under the daemon's
+    lock, the watchdog was not fed, and systemd killed numad. Now numad writes the
+    cgroups itself and tells systemd from the unit loop: systemd being stuck is a
+    health problem, retried, while passes, admissions and the watchdog go on."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for top in ("system.slice", "user.slice"):
+        scratch_mkdir(tree, top)
+    stuck = _StuckSystemd({"system.slice": "/system.slice", "user.slice": "/user.slice"}, 0.5)
+    daemon.isolation.systemd = stuck
+    notify_path = tmp_path / "notify.sock"
+    supervisor = Supervisor(_Log(), daemon.metrics, daemon.health)
+    stop, wake = threading.Event(), threading.Event()
+    record = lambda: daemon.isolation.record  # noqa: E731
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(notify_path))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
+        loops = [
+            (reconcile_loop, (supervisor, daemon.reconcile, stop, 0.05, wake)),
+            (unit_loop, (supervisor, record, wake, stop)),
+            (watchdog_loop, (supervisor, stop, 0.05, 2.0)),
+        ]
+        threads = [threading.Thread(target=t, args=a, daemon=True) for t, a in loops]
+        for thread in threads:
+            thread.start()
+        try:
+            for name in ("db", "web"):
+                scratch_mkdir(tree, f"numad.slice/{name}")
+                spec = {"name": name, "cgroup": f"numad.slice/{name}", "cpus": 4}
+                assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+            sock.settimeout(30)  # bounds for a hung daemon, not speed goals
+            deadline = threading.Event()
+            timer = threading.Timer(60, deadline.set)
+            timer.start()
+            pings = 0  # the watchdog is fed all along (a STATUS line comes between)
+            while (stuck.calls < 4 or pings < 3) and not deadline.is_set():
+                pings += sock.recv(64) == b"WATCHDOG=1"
+            timer.cancel()
+            assert pings >= 3
+            assert stuck.calls >= 4, "the unit loop stopped retrying"
+            assert supervisor.progressing("reconcile", 2.0)
+            for name in ("db", "web"):
+                held = CPUSet.from_bits(daemon.books.cpu.assignments[(name, "main")])
+                granted = (tree / f"numad.slice/{name}/cpuset.cpus").read_text()
+                assert CPUSet.parse_list(granted) == held
+                assert not CPUSet.parse_list((tree / "system.slice/cpuset.cpus").read_text()) & held
+            assert any("systemd lacks its cpuset yet" in p for p in daemon.problems)
+        finally:
+            stop.set()
+            wake.set()
+            for thread in threads:
+                thread.join(10)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from pathlib import Path
-
-import pytest
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import CgroupError
-from numad.host import isolation
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.scratch import scratch_mkdir
 from numad.host.systemd_bus import SystemdError
@@ -252,6 +250,13 @@ class FakeSystemd:
             CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, mems)
 
 
+def _tell_systemd(daemon: Daemon) -> None:
+    """One round of the unit loop (``numad.daemon.loops.unit_loop``), which tells
+    systemd off the daemon's lock what numad wrote into its units' cgroups."""
+    assert daemon.isolation.record is not None
+    daemon.isolation.record.send()
+
+
 def test_units_systemd_owns_are_isolated_through_systemd(
     machines: Machines, tmp_path: Path
 ) -> None:
@@ -263,6 +268,9 @@ def test_units_systemd_owns_are_isolated_through_systemd(
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     daemon.reconcile()
     pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert _cpus(daemon, "system.slice") == pool  # the kernel has it first, from numad
+    assert fake.allowed_cpus["system.slice"] == CPUSet()
+    _tell_systemd(daemon)
     assert fake.allowed_cpus["system.slice"] == pool
     assert _cpus(daemon, "system.slice") == pool
     assert daemon.isolation.via("system.slice") == "systemd system.slice"
@@ -273,24 +281,75 @@ def test_units_systemd_owns_are_isolated_through_systemd(
     assert _cpus(daemon, "init.scope") == CPUSet()
 
 
-def test_an_exclusive_set_waits_while_systemd_has_not_applied_the_shrink(
-    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numad(
+    machines: Machines, tmp_path: Path
 ) -> None:
     daemon = _host_tree(machines, tmp_path)
     fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
-    fake.broken = True
+    own = CPUSet.parse_list("0-23")
+    fake.allowed_cpus["system.slice"] = own  # set by the admin
     daemon.isolation.systemd = fake
-    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
-    assert _cpus(daemon, "numad.slice/db") == CPUSet()  # not granted
-    assert any("systemd accepted AllowedCPUs=" in p for p in daemon.problems)
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["system.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    again = restarted_daemon(daemon)  # numad was SIGKILLed: no stop ran
+    again.isolation.systemd = fake
+    again.stop()
+    assert fake.allowed_cpus["system.slice"] == own
+    assert json.loads((again.state_dir / "units.json").read_text())["units"] == {}
+
+
+class SlowSystemd(FakeSystemd):
+    """systemd busy: the first ``set_allowed`` answers, and applies what it was sent,
+    only once ``gate`` opens (as a D-Bus call queued behind systemd's work)."""
+
+    def __init__(self, tree: Path, units: dict[str, str]) -> None:
+        super().__init__(tree, units)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.gate.wait(60)  # a bound for a hung test, not a speed goal
+        super().set_allowed(name, cpus, mems, runtime=runtime)
+
+
+def test_an_exclusive_set_waits_while_systemd_may_still_write_an_older_value(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """numad writes system.slice's shrink itself, at once; systemd is told after, off
+    the lock. A value sent before a shrink may land after it: the CPUs it holds are
+    granted only once systemd has applied the newer one."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = SlowSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    daemon.isolation.systemd = fake
+    for name in ("a", "b"):
+        scratch_mkdir(_tree(daemon), f"numad.slice/{name}")
+    _admit(daemon, {"name": "a", "cgroup": "numad.slice/a", "cpus": 8})
+    first = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    sender = threading.Thread(target=_tell_systemd, args=(daemon,))
+    sender.start()  # sends `first`, and systemd sits on it
+    assert fake.entered.wait(60)
+    _admit(daemon, {"name": "b", "cgroup": "numad.slice/b", "cpus": 8})  # the lock is free
+    b = CPUSet.from_bits(daemon.books.cpu.assignments[("b", "main")])
+    assert b.issubset(first)
+    assert not _cpus(daemon, "system.slice") & b  # the kernel has the shrink
+    assert _cpus(daemon, "numad.slice/b") != b  # not granted: systemd may write `first`
+    assert any("systemd may still write" in p for p in daemon.problems)
     assert any("not granted yet" in p for p in daemon.problems)
-    fake.broken = False
-    fake.calls.clear()
-    daemon.reconcile()
-    held = CPUSet.from_bits(daemon.books.cpu.assignments[("db", "main")])
-    assert _cpus(daemon, "numad.slice/db") == held
-    assert not _cpus(daemon, "system.slice") & held
+    fake.gate.set()  # systemd writes `first` back over the shrink, late
+    sender.join(60)
+    assert not sender.is_alive()
+    _tell_systemd(daemon)  # the unit loop's next round: the newer value
+    assert not _cpus(daemon, "system.slice") & b
+    assert fake.allowed_cpus["system.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon.reconcile()  # woken by the round: the grant goes through
+    assert _cpus(daemon, "numad.slice/b") == b
+    assert not _cpus(daemon, "system.slice") & b
+    assert not any("not granted yet" in p for p in daemon.problems)
 
 
 def test_what_cannot_be_moved_is_listed_not_hidden(tmp_path: Path) -> None:
@@ -325,6 +384,7 @@ def test_the_host_view_shows_each_isolated_cgroup_and_how(
     daemon = _host_tree(machines, tmp_path)
     daemon.isolation.systemd = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
     view = daemon.host()
     pool = str(CPUSet.from_bits(daemon.books.cpu.shared_pool))
     assert view["isolate"] is True

@@ -17,7 +17,7 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import SpecError
-from numad.host import isolation
+from numad.host import workload_units
 from numad.workload.spec import parse_spec
 from numad.workload.units import check_unit, slice_cgroup, workload_name
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
@@ -131,7 +131,7 @@ def test_a_cgroup_left_behind_by_a_stop_is_not_the_units(
     daemon, fake = _daemon(machines, tmp_path, "pg.service")
     name = _admit(daemon, unit="pg.service", cpus=4)
     placed = _placement(daemon, name)
-    monkeypatch.setattr(isolation, "APPLY_SECONDS", 0.0)
+    monkeypatch.setattr(workload_units, "APPLY_SECONDS", 0.0)
     fake.stop("pg.service", unload=unload)
     (_tree(daemon) / "db.slice/pg.service/cpuset.cpus").write_text("")  # the kernel's own
     daemon.enforcer.written.clear()  # every cgroup written again, as after a restart

@@ -62,12 +62,14 @@ class KernelMutex:
             try:
                 self._fd = os.open(self._marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
-            except OSError:
+            except OSError as err:
                 if self._fd >= 0:
                     os.close(self._fd)
                     self._fd = -1
                 self._local.release()
-                raise
+                raise CgroupError(
+                    str(self._marker.parent), f"the scratch tree's lock: {err.strerror}"
+                ) from err
         self._depth += 1
 
     def __exit__(self, *_: object) -> None:

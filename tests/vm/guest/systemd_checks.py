@@ -324,9 +324,15 @@ def hog_stays_off(exclusive: CPUSet, shared: CPUSet, when: str, samples: int = 3
 def test_a_cpu_hog_in_system_slice_never_runs_on_exclusive_cpus() -> None:
     run_transient(HOG, "sh", "-c", "while :; do :; done", slice_="system.slice")
     exclusive, shared = host_sets()
-    view = api("GET", "/v1/host")
-    via = {i["cgroup"]: i["via"] for i in view["isolated"]}
-    assert via.get("system.slice") == "systemd system.slice", view
+    assert not CPUSet.parse_list(cpuset("system.slice", "cpus")) & exclusive  # numad's own write
+
+    def told() -> bool:  # numad's unit loop tells systemd after writing, off its lock
+        view = api("GET", "/v1/host")
+        via = {i["cgroup"]: i["via"] for i in view["isolated"]}
+        agrees = systemd_cpus(prop("system.slice", "AllowedCPUs")) == shared
+        return via.get("system.slice") == "systemd system.slice" and agrees
+
+    wait_for(told, "systemd to hold numad's AllowedCPUs= for system.slice")
     hog_stays_off(exclusive, shared, "after admission")
     systemctl("daemon-reload")  # systemd rewrites the cpusets of units with AllowedCPUs=
     time.sleep(1)

@@ -1,0 +1,274 @@
+"""Telling systemd what numad wrote into the cgroups of its units, off the daemon's lock.
+
+numad writes an isolated cgroup's cpuset itself, at once and under the daemon's
+lock: the kernel has every shrink before any exclusive set is granted, whatever
+systemd is doing. A cgroup that systemd owns (its unit's ControlGroup is that
+path) must also carry the value as the unit's runtime ``AllowedCPUs=``, or systemd
+writes its own back at the next ``daemon-reload`` or restart. That is a D-Bus call,
+as slow as systemd is: ``UnitRecord.send`` makes it from a loop of its own
+(``numad.daemon.loops.unit_loop``), never under the daemon's lock, and a failure
+is a health problem retried with the bus's backoff (``numad.host.systemd_bus``).
+
+Until systemd has applied a value it was sent, it may still write it into the
+cgroup, after a narrower one numad wrote since: ``may_run_on`` is every such value,
+and no CPU in it is granted exclusively meanwhile (``numad.host.isolation``).
+
+Before its first change to a unit, the unit's own ``AllowedCPUs=`` is kept in
+``units.json`` (durably, one small file), so a numad that crashed still resets it.
+Cost: per isolated unit whose value changed; nothing per cgroup under a managed root
+that is not a unit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import CgroupError, CheckpointError, NumadError
+from numad.host.durable import read_json, write_file
+from numad.host.enforce import Log
+from numad.observe import Problems
+
+FILE = "units.json"
+UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
+APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
+
+
+class Units(Protocol):
+    """What isolation needs of systemd (``numad.host.systemd_bus.Systemd``)."""
+
+    def unit(self, name: str) -> str | None: ...
+    def control_group(self, name: str) -> str | None: ...
+    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]: ...
+    def set_allowed(
+        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
+    ) -> None: ...
+    def load(self, name: str) -> str: ...
+    def slice(self, name: str) -> str: ...
+
+
+class UnitRecord:
+    """The values numad wants systemd to hold for the units it isolates, sent from
+    one thread; the daemon's side (``want``, ``may_run_on``, ``unit``) only touches
+    memory under a lock of its own."""
+
+    def __init__(
+        self,
+        systemd: Units,
+        state_dir: Path,
+        log: Log,
+        read: Callable[[str], CPUSet],
+        *,
+        problems: Problems | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.systemd = systemd
+        self.state_dir = state_dir
+        self.log = log
+        self.read = read  # a cgroup's cpuset.cpus as the kernel holds it
+        self.sleep = sleep
+        self.lock = threading.Lock()  # the daemon's side and the sender's, briefly
+        self.round = threading.RLock()  # held for a whole round, and for a give-back
+        self.wanted: dict[str, CPUSet] = {}  # path -> the value systemd should hold
+        self.sending: dict[str, CPUSet] = {}  # path -> values systemd may still write
+        self.units: dict[str, str | None] = {}  # path -> its unit, or None: not systemd's
+        self.problems = problems or Problems()  # "unit:PATH": why systemd lacks its value
+        self.returning: set[str] = set()  # told, and isolated no more: give back
+        self.pending = threading.Event()  # set by want(): the sender has work
+        self.told, problem = _load(state_dir)  # path -> {"unit", "cpus"}: the unit's own
+        if problem:
+            self.problems.set("unit-record", problem)
+
+    # -- the daemon's side: memory only ----------------------------------------------------
+
+    def want(self, path: str, cpus: CPUSet) -> None:
+        with self.lock:
+            if self.units.get(path, "") is None:
+                return  # known not to be a unit
+            self.wanted[path] = cpus
+        self.pending.set()
+
+    def keep_only(self, paths: set[str]) -> None:
+        """Cgroups isolated no more: nothing more to send for them, and a unit that was
+        told a value gets its own back (by the sender: a D-Bus call)."""
+        with self.lock:
+            self.wanted = {p: c for p, c in self.wanted.items() if p in paths}
+            self.returning = {p for p in self.told if p not in paths}
+            self.units = {p: u for p, u in self.units.items() if p in paths or p in self.told}
+        for key in self.problems.subjects():
+            if key.startswith("unit:") and key[len("unit:") :] not in paths:
+                self.problems.clear(key)
+
+    def may_run_on(self, path: str) -> CPUSet:
+        """What systemd was sent for ``path`` and may not have written yet."""
+        with self.lock:
+            return self.sending.get(path, CPUSet())
+
+    def unit(self, path: str) -> str | None:
+        """The unit owning ``path`` as last found (no D-Bus call)."""
+        with self.lock:
+            found = self.units.get(path)
+            return found if found is not None else self.told.get(path, {}).get("unit")
+
+    # -- the sender's side: D-Bus, never under the daemon's lock ---------------------------
+
+    def send(self) -> bool:
+        """One round: each wanted value to its unit, waiting until systemd applied it.
+        True when a value that may have blocked a grant is settled (the daemon then
+        runs a pass, so the grant is not left to the next one)."""
+        with self.round:
+            return self._round()
+
+    def _round(self) -> bool:
+        self.pending.clear()
+        with self.lock:
+            batch = sorted(self.wanted.items())
+            returning = sorted(self.returning)
+        for path in returning:
+            try:
+                self.give_back(path, CPUSet())
+            except NumadError as err:
+                self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
+        settled = False
+        for path, cpus in batch:
+            try:
+                unit = self._resolve(path)
+                if unit is not None:
+                    self._keep_own(path, unit)
+                    settled |= self._send(path, unit, cpus)
+            except NumadError as err:
+                self.problems.set(f"unit:{path}", f"{path}: systemd lacks its cpuset yet: {err}")
+                self.log.warning("unit_record_failed", cgroup=path, problem=str(err))
+                continue
+            self.problems.clear(f"unit:{path}")
+            with self.lock:
+                if self.wanted.get(path) == cpus or unit is None:
+                    self.wanted.pop(path, None)
+        return settled
+
+    def _resolve(self, path: str) -> str | None:
+        with self.lock:
+            if path in self.units:
+                return self.units[path]
+        name = path.rsplit("/", maxsplit=1)[-1]
+        owned = None
+        ours = name.endswith(UNIT_SUFFIXES) and self.systemd.unit(name)
+        if ours and self.systemd.control_group(name) == "/" + path:
+            owned = name
+        with self.lock:
+            self.units[path] = owned
+        return owned
+
+    def _keep_own(self, path: str, unit: str) -> None:
+        """The unit's own AllowedCPUs=, durably, before numad first changes it."""
+        if path in self.told:
+            return
+        own = self.systemd.allowed(unit)[0]
+        with self.lock:
+            self.told[path] = {"unit": unit, "cpus": own.format_list()}
+        try:
+            self._save()
+        except CheckpointError:
+            with self.lock:
+                del self.told[path]
+            raise
+
+    def _send(self, path: str, unit: str, cpus: CPUSet) -> bool:
+        """Send ``cpus``; True when systemd has applied it and it is still the one
+        wanted, and it settled a wider value sent before (a grant may wait on it)."""
+        with self.lock:
+            was = self.sending.get(path, CPUSet())
+            self.sending[path] = was | cpus  # from now on systemd may write it
+        # A failure keeps it there: a call that timed out may still be applied.
+        self.systemd.set_allowed(unit, cpus, None, runtime=True)
+        if not self._applied(path, cpus):
+            return False  # a newer value is wanted: sent next, this one may still land
+        with self.lock:
+            if self.wanted.get(path) != cpus:
+                return False
+            del self.sending[path]
+        return bool(was - cpus)
+
+    def _applied(self, path: str, cpus: CPUSet) -> bool:
+        """Wait until systemd has written ``cpus`` (it does so after answering); False
+        as soon as a newer value is wanted instead."""
+        deadline = time.monotonic() + APPLY_SECONDS
+        delay = 0.005
+        while self.read(path) != cpus:
+            with self.lock:
+                if self.wanted.get(path) != cpus:
+                    return False
+            if time.monotonic() >= deadline:
+                raise CgroupError(
+                    path,
+                    f"systemd accepted AllowedCPUs={cpus.format_list()} but has not written"
+                    f" it after {APPLY_SECONDS:.0f} s",
+                )
+            self.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        return True
+
+    # -- giving back ------------------------------------------------------------------------
+
+    def give_back(self, path: str, online: CPUSet) -> None:
+        """The unit's own AllowedCPUs= again; with ``online``, every CPU first where it
+        had none (v2 refuses an empty cpuset.cpus in a cgroup with tasks, and so does
+        systemd's reset: numad puts every CPU in the file, then unsets the property)."""
+        with self.round:
+            self._give_back(path, online)
+
+    def give_all_back(self, online: CPUSet) -> list[str]:
+        """Every unit told a value gets its own back; the problems."""
+        problems = []
+        with self.round:
+            for path in sorted(self.told):
+                try:
+                    self._give_back(path, online)
+                except NumadError as err:
+                    problems.append(f"{path}: cannot give its unit's AllowedCPUs= back: {err}")
+        return problems
+
+    def _give_back(self, path: str, online: CPUSet) -> None:
+        own = self.told.get(path)
+        if own is None:
+            return
+        cpus = CPUSet.parse_list(own["cpus"])
+        if not cpus and online:
+            self.systemd.set_allowed(own["unit"], online, None, runtime=True)
+        self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
+        with self.lock:
+            del self.told[path]
+            self.returning.discard(path)
+            self.wanted.pop(path, None)
+            self.sending.pop(path, None)
+        self._save()
+
+    def _save(self) -> None:
+        with self.lock:
+            told = dict(self.told)
+        write_file(self.state_dir, FILE, _dump(told), what="unit record")
+
+
+def _dump(told: dict[str, dict[str, str]]) -> bytes:
+    return json.dumps({"version": 1, "units": told}, sort_keys=True).encode()
+
+
+def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
+    raw, problem = read_json(state_dir, FILE)
+    try:
+        if raw is None:
+            return {}, problem and f"{problem}. The units it lists had AllowedCPUs= from numad"
+        found = {
+            str(p): {"unit": str(own["unit"]), "cpus": str(own["cpus"])}
+            for p, own in raw["units"].items()
+        }
+        for own in found.values():
+            CPUSet.parse_list(own["cpus"])
+    except (TypeError, KeyError, AttributeError, NumadError) as err:
+        return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); reset by hand"
+    return found, None
