@@ -144,7 +144,7 @@ class Isolation:
             del self.originals[path]
         self.isolated = set(paths)
         if self.record is not None:
-            self.record.keep_only(paths)
+            self.record.keep_only(paths, owned)
         kept = self._keep_originals(sorted(paths - set(self.originals)))
         if dropped or kept:
             try:

@@ -21,6 +21,7 @@ that is not a unit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -93,13 +94,27 @@ class UnitRecord:
             self.wanted[path] = cpus
         self.pending.set()
 
-    def keep_only(self, paths: set[str]) -> None:
-        """Cgroups isolated no more: nothing more to send for them, and a unit that was
-        told a value gets its own back (by the sender: a D-Bus call)."""
+    def keep_only(self, paths: set[str], owned: set[str]) -> None:
+        """Cgroups isolated no more: nothing more to send for them. A unit that was told
+        a value and is a workload's now keeps it (its record is dropped: systemd keeps
+        the cpuset controller on for it, and numad places it from now on); one above a
+        workload's is given its own back by ``Isolation``; any other by the sender."""
         with self.lock:
             self.wanted = {p: c for p, c in self.wanted.items() if p in paths}
-            self.returning = {p for p in self.told if p not in paths}
+            mine = [p for p in self.told if p not in paths and p in owned]
+            for path in mine:
+                del self.told[path]
+            self.returning = {
+                p
+                for p in self.told
+                if p not in paths and not any(o.startswith(p + "/") for o in owned)
+            }
             self.units = {p: u for p, u in self.units.items() if p in paths or p in self.told}
+        if mine:
+            try:  # one small file
+                self._save()
+            except CheckpointError as err:  # kept on disk: a later numad resets the unit
+                self.log.warning("unit_record_failed", problem=str(err))
         for key in self.problems.subjects():
             if key.startswith("unit:") and key[len("unit:") :] not in paths:
                 self.problems.clear(key)
@@ -134,6 +149,9 @@ class UnitRecord:
                 self.give_back(path, CPUSet())
             except NumadError as err:
                 self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
+                with contextlib.suppress(NumadError):
+                    if self.systemd.unit(self.told[path]["unit"]) is None:
+                        self._forget(path)  # unloaded: nothing of numad's left there
         settled = False
         for path, cpus in batch:
             try:
@@ -241,6 +259,9 @@ class UnitRecord:
         if not cpus and online:
             self.systemd.set_allowed(own["unit"], online, None, runtime=True)
         self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
+        self._forget(path)
+
+    def _forget(self, path: str) -> None:
         with self.lock:
             del self.told[path]
             self.returning.discard(path)

@@ -62,6 +62,27 @@ def test_a_managed_root_made_later_is_followed(tmp_path: Path) -> None:
         events.close()
 
 
+def test_events_lost_to_an_overflow_are_found_by_looking_again(tmp_path: Path) -> None:
+    """More new directories at once than the kernel queues (fs.inotify.max_queued_events):
+    the kernel drops the rest and says so (IN_Q_OVERFLOW). The directories whose events
+    were lost are still reported, and watched, so what is made in them later is too."""
+    queued = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    (tmp_path / "numad.slice").mkdir()
+    events = CgroupEvents(tmp_path, ["numad.slice"])
+    try:
+        made = [f"numad.slice/c{i}" for i in range(queued + 20)]
+        for path in made:
+            (tmp_path / path).mkdir()  # nothing read meanwhile: the queue overflows
+        seen = _read_until(events, set(made), seconds=60)
+        assert events.overflows >= 1
+        assert set(made) <= seen
+        last = made[-1] + "/child"  # in a directory whose own event was lost
+        (tmp_path / last).mkdir()
+        assert last in _read_until(events, {last})
+    finally:
+        events.close()
+
+
 def test_a_chain_deeper_than_the_bound_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "numad.slice").mkdir()
     events = CgroupEvents(tmp_path, ["numad.slice"])

@@ -299,6 +299,27 @@ def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numa
     assert json.loads((again.state_dir / "units.json").read_text())["units"] == {}
 
 
+def test_a_unit_told_a_value_that_becomes_a_workload_keeps_it(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Seen under systemd 252: had numad reset the unit's AllowedCPUs= when it became a
+    workload's, systemd would find no unit in numad.slice wanting cpuset and turn the
+    controller off there, taking the workload's cpuset files with it."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"wl.service": "/numad.slice/wl.service"})
+    daemon.isolation.systemd = fake
+    scratch_mkdir(_tree(daemon), "numad.slice/wl.service")  # a unit, not declared yet
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["wl.service"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/wl.service", "cpus": 2})
+    daemon.reconcile()
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["wl.service"], "reset: systemd may turn cpuset off"
+    assert daemon.isolation.record is not None
+    assert "numad.slice/wl.service" not in daemon.isolation.record.told
+
+
 class SlowSystemd(FakeSystemd):
     """systemd busy: the first ``set_allowed`` answers, and applies what it was sent,
     only once ``gate`` opens (as a D-Bus call queued behind systemd's work)."""

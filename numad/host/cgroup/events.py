@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import select
 import struct
@@ -53,7 +54,7 @@ class CgroupEvents:
             err = ctypes.get_errno()
             raise CgroupError(str(root), f"cannot watch for new cgroups: {os.strerror(err)}")
         self._paths: dict[int, str] = {}  # watch -> cgroup path ("" for the root)
-        self.overflowed = False  # events were lost: the caller should look at everything
+        self.overflows = 0  # times the kernel's queue overflowed and events were lost
         self._follow("", [])
 
     def close(self) -> None:
@@ -73,17 +74,25 @@ class CgroupEvents:
         except BlockingIOError:
             return []
         found: list[str] = []
+        overflowed = False
         offset = 0
         while offset + _HEADER.size <= len(data):
             wd, mask, _, size = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size : offset + _HEADER.size + size].rstrip(b"\0")
             offset += _HEADER.size + size
             if mask & IN_Q_OVERFLOW:
-                self.overflowed = True
+                overflowed = True
             elif mask & IN_IGNORED:
                 self._paths.pop(wd, None)  # the directory is gone
             elif mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) and wd in self._paths:
                 self._follow(_join(self._paths[wd], os.fsdecode(name)), found)
+        if overflowed:
+            # Events were lost (more than fs.inotify.max_queued_events at once), and
+            # with them the watches of the directories they announced: every directory
+            # is looked at and watched again (the known ones are the caller's to skip).
+            # O(the managed trees), once per overflow.
+            self.overflows += 1
+            self._follow("", found)
         return [p for p in found if p not in self.managed]
 
     def _follow(self, path: str, found: list[str]) -> None:
@@ -99,9 +108,10 @@ class CgroupEvents:
                 continue
             full = os.fsencode(self.root / here)
             wd = self._libc.inotify_add_watch(self._fd, full, IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
-            if wd < 0:
+            if wd < 0 and ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
                 continue  # gone already, or not a directory: nothing to isolate
-            self._paths[wd] = here
+            if wd >= 0:  # else out of watches (fs.inotify.max_user_watches): passes find
+                self._paths[wd] = here  # what is made below it; it is reported all the same
             if inside:
                 found.append(here)
             try:
