@@ -23,7 +23,8 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
-from numad.host.enforce import Enforcer, Log, Target, related_to, targets
+from numad.host.cgroup.events import CgroupEvents
+from numad.host.enforce import Enforcer, Listing, Log, Target, related_to, targets
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.observe import Problems
@@ -89,11 +90,22 @@ class Commits:
         self.health.set(f"workload:{name}", f"{name}: unplaced: {why}; admitted again once it fits")
         self.log.error("workload_unplaced", workload=name, problem=why)
 
-    def enforce(self, step: Callable[[str], None] | None = None) -> None:
+    def enforce(
+        self,
+        step: Callable[[str], None] | None = None,
+        *,
+        changed: WorkloadSpec | None = None,
+        listing: Listing | None = None,
+    ) -> None:
         """Every managed cgroup written as the books say, the others isolated, the
-        interrupts placed."""
+        interrupts placed. A pass finds the others (in ``listing``, the managed trees
+        as scanned before the lock); an admission or release (``changed``) only takes
+        that workload's cgroups out of them: no tree is walked on the API path."""
         held = self.held
-        self.find_others()  # new ones are isolated as they appear
+        if changed is None:
+            self.find_others(listing)
+        else:
+            self.leave_others(changed)
         owned = {s.cgroup: s.unit for s in held.specs.values() if s.unit is not None}
         self.isolation.own(owned, held.orphans)  # units' placements go through systemd
         wanted = targets(held.books, held.specs, held.orphans, held.others)
@@ -111,7 +123,20 @@ class Commits:
             self.health.set("enforce", f"cgroup writes failed after a commit: {err!r}; retried")
             self.log.exception("enforcement_failed", problem=repr(err))
 
-    def find_others(self) -> None:
+    def leave_others(self, spec: WorkloadSpec) -> None:
+        """A workload's cgroups, and those above and below them, are no others now:
+        cost per cgroup numad isolates, one set lookup or prefix test each."""
+        held = self.held
+        mine = self.held.cgroups_of(spec)
+        above = {"/".join(c.split("/")[:i]) for c in mine for i in range(1, c.count("/") + 1)}
+        below = tuple(c + "/" for c in mine)
+        gone = {p for p in held.others if p in mine or p in above or p.startswith(below)}
+        if gone:
+            held.others -= gone
+            for path in self.isolation.mark(held.others, held.owned()):
+                self.enforcer.forget(path)
+
+    def find_others(self, listing: Listing | None = None) -> None:
         """The cgroups that are no workload's, isolated as they appear: the other
         top-level cgroups and the unmanaged ones inside the managed roots. With
         isolation turned off, the ones isolated before get their own cpusets back."""
@@ -123,7 +148,7 @@ class Commits:
             return
         roots = self.config.paths.managed_roots
         owned = held.owned()
-        inside = self.enforcer.unmanaged(roots, held.specs.values()) - held.orphans
+        inside = self.enforcer.unmanaged(roots, held.specs.values(), listing) - held.orphans
         try:
             tops = self.isolation.top_level(roots)
             self.health.clear("isolation-list")
@@ -171,10 +196,16 @@ class Commits:
                 return
             roots = {r.strip("/") for r in self.config.paths.managed_roots}
             mine = held.owned()
-            new = [
+            tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
+            if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
+                was = set(held.others)
+                self.find_others()
+                tops = [p for p in tops if p in held.others and p not in was]
+            new = tops + [
                 p
                 for p in paths
-                if p not in roots
+                if not CgroupEvents.top_level(p)
+                and p not in roots
                 and p not in held.others
                 and p not in held.orphans
                 and not related_to(p, mine)

@@ -22,7 +22,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
 from numad.daemon.restore import rediscovered
 from numad.errors import CheckpointError, NumadError
-from numad.host.enforce import Cgroups, Log
+from numad.host.enforce import Cgroups, Log, Scan
 from numad.host.migration import Migrations
 from numad.hostfs import HostFS
 from numad.observe import Problems
@@ -102,23 +102,14 @@ class Reconciler:
         cgroups."""
         held = self.held
         started = time.perf_counter()
-        with held.lock, self.metrics.reconcile_duration.time():
-            if held.stopped or held.stopping.is_set():  # numad stops: no new pass
-                return
-            held.passes += 1
-            self._check_root()
-            if self.health.has("checkpoint"):
-                self.commits.commit(held.books, held.specs)
-            if held.rediscover_pending:
-                self.rediscover()
-            repairs = self.enforcer.find_drift(held.passes)
-            held.repairs += repairs
-            self._releases()
-            self._readmit()
-            self.commits.enforce()  # raises to the supervisor: counted, shown, retried
-            self.health.clear("enforce")
-            self.commits.settle_orphans()
-            self._measure_memory()
+        with self.metrics.reconcile_duration.time():
+            # The reads of a pass (the managed trees, the cpusets numad wrote) come
+            # first, without the lock: it is held only to decide and write.
+            scan = self.enforcer.scan(self.config.paths.managed_roots)
+            with held.lock:
+                repairs = self._pass(scan)
+        if repairs is None:
+            return
         self.log.info(  # the one line per reconcile pass
             "reconcile_completed",
             workloads=len(held.specs),
@@ -126,6 +117,26 @@ class Reconciler:
             drift_repaired=repairs,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+    def _pass(self, scan: Scan) -> int | None:
+        held = self.held
+        if held.stopped or held.stopping.is_set():  # numad stops: no new pass
+            return None
+        held.passes += 1
+        self._check_root()
+        if self.health.has("checkpoint"):
+            self.commits.commit(held.books, held.specs)
+        if held.rediscover_pending:
+            self.rediscover()
+        repairs = self.enforcer.find_drift(held.passes, scan)
+        held.repairs += repairs
+        self._releases()
+        self._readmit()
+        self.commits.enforce(listing=scan.listing)  # raises to the supervisor: retried
+        self.health.clear("enforce")
+        self.commits.settle_orphans()
+        self._measure_memory()
+        return repairs
 
     def _measure_memory(self) -> None:
         """Each placed workload's locality: exported, and listed in health while it

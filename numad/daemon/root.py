@@ -301,7 +301,7 @@ class Daemon:
             self.commits.crash_point("admit:after-checkpoint")
             held.books, held.specs = books, specs
             held.outcomes[spec.name] = outcome
-            self.commits.after_commit(lambda: self.commits.enforce(self._admit_step))
+            self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
             if any(self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
                 held.seen.add(spec.name)  # released when its cgroups go (after the grace)
             self.update_gauges()
@@ -345,7 +345,9 @@ class Daemon:
             self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
             with contextlib.suppress(KeyError):  # never measured
                 self.metrics.locality.remove(name)
-            self.commits.after_commit(lambda: self.commits.enforce(self._release_step))
+            self.commits.after_commit(
+                lambda: self.commits.enforce(self._release_step, changed=spec)
+            )
             self.commits.settle_orphans()
             self.update_gauges()
             self.log.info("workload_released", workload=name)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.errors import NumadError
+from numad.errors import CgroupError, NumadError
 from numad.host.cgroup.path import MAX_DEPTH
 from numad.observe import EnforcementCounters, Problems
 from numad.placement.admission import Books, placements
@@ -108,6 +108,17 @@ def _union(masks: Iterable[int]) -> int:
     return union
 
 
+Listing = Mapping[str, "list[str] | NumadError"]  # a managed root -> the cgroups below it
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a reconcile pass reads before it takes the lock (``Enforcer.scan``)."""
+
+    listing: Listing
+    reads: Mapping[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]]
+
+
 class Enforcer:
     def __init__(
         self, cgroups: Cgroups, metrics: EnforcementCounters, log: Log, problems: Problems
@@ -126,15 +137,38 @@ class Enforcer:
         self.grants: dict[str, int] = {}
         self.moves: Moves | None = None  # None: every mems write is made here
 
-    def unmanaged(self, roots: Iterable[str], specs: Collection[WorkloadSpec]) -> set[str]:
+    def scan(self, roots: Iterable[str]) -> Scan:
+        """The managed trees listed, and every cgroup numad wrote read back: the
+        reconcile pass's reads, made before it takes the daemon's lock (reads only)."""
+        listing: dict[str, list[str] | NumadError] = {}
+        for root in roots:
+            try:
+                listing[root] = self.cgroups.descendants(root)
+            except NumadError as err:
+                listing[root] = err
+        reads: dict[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]] = {}
+        for path, value in list(self.written.items()):
+            try:
+                reads[path] = (value, self.cgroups.read(path))
+            except NumadError:
+                reads[path] = (value, None)
+        return Scan(listing, reads)
+
+    def unmanaged(
+        self, roots: Iterable[str], specs: Collection[WorkloadSpec], listing: Listing | None = None
+    ) -> set[str]:
         """The cgroups inside the managed roots that are no workload's: not a
         container's cgroup, nor above one (a pod's), nor below one (the
-        container's own business: it only sees the container's CPUs)."""
+        container's own business: it only sees the container's CPUs). From
+        ``listing`` where given (``scan``), else listed now."""
         mine = {s.container_cgroup(c) for s in specs for c in s.containers}
         found = set()
         for root in roots:
             try:
-                below = self.cgroups.descendants(root)
+                listed = listing.get(root) if listing is not None else None
+                if isinstance(listed, NumadError):
+                    raise listed
+                below = listed if listed is not None else self.cgroups.descendants(root)
             except NumadError as err:
                 self._failed(root, err)
                 continue
@@ -370,18 +404,28 @@ class Enforcer:
         )
         return False
 
-    def find_drift(self, passes: int) -> int:
-        """Read back every cpuset numad wrote; one another writer changed is forgotten,
-        so the pass writes it again, and counted. A cgroup that keeps drifting is
-        repaired less and less often (up to every 64th pass) instead of fighting the
-        other writer. Returns the number of repairs."""
+    def find_drift(self, passes: int, scan: Scan | None = None) -> int:
+        """Every cpuset numad wrote, as read back (by ``scan`` before the lock, where
+        given: a cgroup written since is left to the next pass); one another writer
+        changed is forgotten, so the pass writes it again, and counted. A cgroup that
+        keeps drifting is repaired less and less often (up to every 64th pass) instead
+        of fighting the other writer. Returns the number of repairs."""
         repairs = 0
+        reads = scan.reads if scan is not None else None
         for path, (cpus, wanted) in list(self.written.items()):
             # The mover has yet to write the mems: only the CPUs are numad's yet.
             moving = self.moves is not None and self.moves.drifting(path)
             mems = None if moving else wanted
             try:
-                now_cpus, now_mems = self.cgroups.read(path)
+                if reads is None:
+                    now: tuple[CPUSet, NodeSet] | None = self.cgroups.read(path)
+                elif path in reads and reads[path][0] == (cpus, wanted):
+                    now = reads[path][1]
+                else:
+                    continue  # written since the scan read it
+                if now is None:
+                    raise CgroupError(path, "unreadable when scanned")
+                now_cpus, now_mems = now
             except NumadError:
                 self.written.pop(path, None)  # gone or unreadable: rewrite if it is back
                 continue

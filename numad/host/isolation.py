@@ -111,12 +111,14 @@ class Isolation:
             return set()
         firsts = {r.split("/", maxsplit=1)[0] for r in managed_roots}
         marker = "tasks" if self.v1 else "cgroup.type"  # every cgroup has it; a mount point not
+        turn = getattr(self.cgroups, "kernel_turn", contextlib.nullcontext)
         try:
-            tops = sorted(
-                e.name
-                for e in os.scandir(self.root)
-                if e.is_dir(follow_symlinks=False) and os.path.isfile(Path(e.path, marker))
-            )
+            with turn():
+                tops = sorted(
+                    e.name
+                    for e in os.scandir(self.root)
+                    if e.is_dir(follow_symlinks=False) and os.path.isfile(Path(e.path, marker))
+                )
         except OSError as err:
             raise CgroupError(str(self.root), f"cannot list the top-level cgroups: {err}") from err
         tops = [t for t in tops if t not in firsts]

@@ -13,6 +13,7 @@ from numad.cpuset import CPUSet
 from numad.daemon.loops import Supervisor, cgroup_loop
 from numad.host.cgroup.events import CgroupEvents
 from numad.host.cgroup.path import MAX_DEPTH
+from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
 
@@ -135,6 +136,15 @@ def test_a_new_cgroup_is_isolated_before_any_reconcile_pass(
         (tree / "numad.slice/db/inner").mkdir()
         time.sleep(0.5)
         assert "numad.slice/db/inner" not in daemon.others
+        # A new top-level cgroup (machine.slice at the first VM): isolated as a whole.
+        scratch_mkdir(tree, "machine.slice")
+        top = tree / "machine.slice/cpuset.cpus"
+        deadline = time.monotonic() + 10  # a bound for a hung test; no pass runs meanwhile
+        while time.monotonic() < deadline and not top.read_text().strip():
+            time.sleep(0.02)
+        assert CPUSet.parse_list(top.read_text()) == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+        assert daemon.isolation.originals["machine.slice"]["cpus"] == ""  # given back on stop
+        assert daemon.held.passes == passes
     finally:
         stop.set()
         loop.join(5)

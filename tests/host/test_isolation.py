@@ -99,17 +99,21 @@ def test_isolation_can_be_turned_off(machines: Machines, tmp_path: Path) -> None
 TOPS = ("system.slice", "user.slice", "init.scope")
 
 
-def _host_tree(machines: Machines, tmp_path: Path, **extra: object) -> Daemon:
+def _host_tree(machines: Machines, tmp_path: Path, *, seen: bool = True, **extra: object) -> Daemon:
+    """The recorded daemon with top-level cgroups made after it started; ``seen``: and
+    isolated, as the next pass does (an admission walks no tree)."""
     daemon = recorded_daemon(machines, tmp_path, dict(extra) or None)
     for path in (*TOPS, "system.slice/sshd.service"):
         scratch_mkdir(_tree(daemon), path)
+    if seen:
+        daemon.reconcile()
     return daemon
 
 
 def test_the_other_top_level_cgroups_stay_off_exclusive_cpus(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = _host_tree(machines, tmp_path)
+    daemon = _host_tree(machines, tmp_path, seen=False)
     (_tree(daemon) / "user.slice/cpuset.cpus").write_text("0-11")  # the admin's own setting
     daemon.reconcile()
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
@@ -139,10 +143,10 @@ def test_the_other_top_level_cgroups_stay_off_exclusive_cpus(
 def test_a_crashed_numad_leaves_the_record_and_the_next_one_gives_everything_back(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = _host_tree(machines, tmp_path)
+    daemon = _host_tree(machines, tmp_path, seen=False)
     (_tree(daemon) / "user.slice/cpuset.cpus").write_text("2-5")
-    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     assert _cpus(daemon, "user.slice") != CPUSet.parse_list("2-5")
     # SIGKILL: no stop. The next numad reads what was the cgroups' own, not its own writes.
     again = restarted_daemon(daemon)
@@ -165,9 +169,10 @@ def test_an_unreadable_record_is_kept_aside_and_shown(machines: Machines, tmp_pa
 def test_a_record_that_cannot_be_written_stops_the_change_not_numad(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = _host_tree(machines, tmp_path)
+    daemon = _host_tree(machines, tmp_path, seen=False)
     daemon.isolation.state_dir = tmp_path / "file-not-dir"  # every record write fails
     (tmp_path / "file-not-dir").write_text("")
+    daemon.reconcile()
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     # The top-level cgroups were not changed (their own setting could not be kept
     # first), and the exclusive set waits: they may still run there.
@@ -309,6 +314,7 @@ def test_a_unit_told_a_value_that_becomes_a_workload_keeps_it(
     fake = FakeSystemd(_tree(daemon), {"wl.service": "/numad.slice/wl.service"})
     daemon.isolation.systemd = fake
     scratch_mkdir(_tree(daemon), "numad.slice/wl.service")  # a unit, not declared yet
+    daemon.reconcile()
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     _tell_systemd(daemon)
     assert fake.allowed_cpus["wl.service"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)

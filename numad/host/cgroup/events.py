@@ -6,8 +6,10 @@ watch on every directory of the managed roots sees a new cgroup when it appears,
 instead of at the next reconcile pass. Each new directory is watched in turn, and
 its children made before its watch was in place are reported by a listing of it.
 Directories ``MAX_DEPTH`` levels or more below the hierarchy's root are neither
-watched nor reported (the reconcile pass names them in health). A scratch tree is
-plain directories: the same events.
+watched nor reported (the reconcile pass names them in health). A new top-level
+cgroup beside the managed roots (``machine.slice`` at the first VM) is reported too,
+not followed: numad isolates it as a whole. A scratch tree is plain directories:
+the same events.
 
 The standard library has no inotify; three libc calls through ctypes. Cost: one
 watch per directory of the managed roots (the kernel's inotify limits apply:
@@ -95,6 +97,11 @@ class CgroupEvents:
             self._follow("", found)
         return [p for p in found if p not in self.managed]
 
+    @staticmethod
+    def top_level(path: str) -> bool:
+        """Whether a reported cgroup is a top-level one (beside the managed roots)."""
+        return "/" not in path
+
     def _follow(self, path: str, found: list[str]) -> None:
         """Watch ``path`` where it is in a managed root (with every directory below it,
         each reported in ``found``) or above one (and look into it: what leads to a
@@ -104,6 +111,9 @@ class CgroupEvents:
             here = pending.pop()
             inside = any(here == m or here.startswith(m + "/") for m in self.managed)
             above = here == "" or any(m.startswith(here + "/") for m in self.managed)
+            if here and "/" not in here and not (inside or above):
+                found.append(here)  # a new top-level cgroup: reported, not followed
+                continue
             if not (inside or above) or here.count("/") >= MAX_DEPTH:
                 continue
             full = os.fsencode(self.root / here)

@@ -108,6 +108,11 @@ class Hierarchy:
             else contextlib.nullcontext()
         )
 
+    def kernel_turn(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the emulated kernel still (a scratch tree; nothing on a real one): a
+        reader listing the tree sees every cgroup whole."""
+        return self._kernel_mutex
+
     def __repr__(self) -> str:
         roots = [str(r) for r in self.managed_roots]
         return f"{type(self).__name__}(root={str(self.root)!r}, managed_roots={roots!r})"
