@@ -60,12 +60,10 @@ class KernelMutex:
         self._local.acquire()
         if self._depth == 0:
             try:
-                self._fd = os.open(self._marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                if self._fd < 0:  # kept open: a lock and an unlock per operation
+                    self._fd = os.open(self._marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
             except OSError as err:
-                if self._fd >= 0:
-                    os.close(self._fd)
-                    self._fd = -1
                 self._local.release()
                 raise CgroupError(
                     str(self._marker.parent), f"the scratch tree's lock: {err.strerror}"
@@ -75,9 +73,12 @@ class KernelMutex:
     def __exit__(self, *_: object) -> None:
         self._depth -= 1
         if self._depth == 0:
-            os.close(self._fd)  # closing releases the flock
-            self._fd = -1
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._local.release()
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
 
 
 class Hierarchy:
@@ -144,16 +145,17 @@ class Hierarchy:
 
     def _real(self, cg: CgroupPath, fence: CgroupPath) -> Path:
         """``cg``'s directory, after checking that no link leads it out of ``fence``."""
-        allowed = self._real_root.joinpath(*fence.parts)
-        real = Path(os.path.realpath(self._real_root.joinpath(*cg.parts)))
-        if real != allowed and allowed not in real.parents:
+        root = str(self._real_root)  # strings, not Paths: this runs for every read of a pass
+        allowed = os.path.join(root, *fence.parts)
+        real = os.path.realpath(os.path.join(root, *cg.parts))
+        if real != allowed and not real.startswith(allowed.rstrip("/") + "/"):
             where = f"the managed root {fence}" if fence.parts else "the cgroup root"
             raise CgroupError(
                 self._subject(cg),
                 f"a symbolic link leads it to {real}, outside {where}",
                 "remove the link: numad writes only inside its managed roots",
             )
-        return real
+        return Path(real)
 
     def _levels(self, cg: CgroupPath, managed: CgroupPath) -> list[tuple[CgroupPath, Path]]:
         """Every cgroup from the root down to ``cg`` with its directory.

@@ -29,6 +29,8 @@ from numad.host.cgroup.emulation import KernelV2
 from numad.host.cgroup.hierarchy import Hierarchy, read_and_close
 from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath
 
+ADOPTED_KEPT = 100_000  # scratch directories remembered as complete (then forgotten)
+
 
 def _write_file(path: Path, value: str) -> None:
     """Write ``value`` in one open, one write() and one close, as cgroupfs wants.
@@ -92,17 +94,29 @@ class CgroupV2Backend(Hierarchy):
     ) -> None:
         super().__init__(root, managed_roots, emulate_kernel=emulate_kernel)
         self._kernel: KernelV2 | None = None
+        self._adopted: dict[Path, int] = {}  # scratch directories completed, by inode
         if emulate_kernel:
             self._kernel = KernelV2()
 
     def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:
         found = super()._locate(path)
         if self._kernel is not None:  # a plain mkdir in a scratch tree is a cgroup too
-            with (
-                self._kernel_mutex,
-                self._failures(found[0], "completing it as a cgroup", found[2]),
-            ):
-                self._kernel.adopt(self._real_root, found[2])
+            # Once per directory (by inode: one made again is completed again), not
+            # at every read of a pass.
+            try:
+                inode: int | None = os.stat(found[2]).st_ino
+            except OSError:
+                inode = None
+            if inode is None or self._adopted.get(found[2]) != inode:
+                with (
+                    self._kernel_mutex,
+                    self._failures(found[0], "completing it as a cgroup", found[2]),
+                ):
+                    self._kernel.adopt(self._real_root, found[2])
+                if inode is not None:
+                    if len(self._adopted) > ADOPTED_KEPT:
+                        self._adopted.clear()
+                    self._adopted[found[2]] = inode
         return found
 
     def ensure(self, path: CgroupPath | str) -> None:
