@@ -24,9 +24,10 @@ from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
 from numad.host.cgroup.events import CgroupEvents
-from numad.host.enforce import Enforcer, Listing, Log, Target, related_to, targets
+from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
+from numad.host.targets import Listing, Log, Target, related_to, targets
 from numad.observe import Problems
 from numad.placement.admission import Books
 from numad.workload.shape import WorkloadSpec

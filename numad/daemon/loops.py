@@ -25,7 +25,7 @@ from numad.host.unit_record import UnitRecord
 from numad.observe import Problems
 
 if TYPE_CHECKING:
-    from numad.host.enforce import Log
+    from numad.host.targets import Log
 
 
 class Supervisor:

@@ -22,8 +22,8 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
 from numad.daemon.restore import rediscovered
 from numad.errors import CheckpointError, NumadError
-from numad.host.enforce import Cgroups, Log, Scan
 from numad.host.migration import Migrations
+from numad.host.targets import Cgroups, Log, Scan
 from numad.hostfs import HostFS
 from numad.observe import Problems
 from numad.placement.admission import admit

@@ -18,7 +18,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.restore import restore
 from numad.errors import NumadError, SpecError
 from numad.host.cgroup import CgroupPath
-from numad.host.enforce import Log
+from numad.host.targets import Log
 from numad.observe import Problems
 from numad.workload.shape import WorkloadSpec
 from numad.workload.spec import parse_spec

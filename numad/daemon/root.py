@@ -34,10 +34,11 @@ from numad.daemon.views import Views
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.host import durable
 from numad.host.cgroup.v2 import CgroupV2Backend
-from numad.host.enforce import Cgroups, Enforcer, Log
+from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation, Units, host_parts
 from numad.host.migration import Migrations
+from numad.host.targets import Cgroups, Log
 from numad.hostfs import HostFS
 from numad.observe import Problems
 from numad.placement.admission import Books, Engine, Outcome, admit, release

@@ -22,7 +22,7 @@ from typing import Any
 from numad.cpuset import CPUSet
 from numad.errors import CheckpointError, NumadError
 from numad.host.durable import read_json, write_file
-from numad.host.enforce import Log
+from numad.host.targets import Log
 
 FILE = "irqs.json"
 DEFAULT = "default"  # the key of /proc/irq/default_smp_affinity (a hex mask)

@@ -37,7 +37,7 @@ from numad.errors import CgroupError, CheckpointError, NumadError
 from numad.host.cgroup.v1 import CgroupV1Backend
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.durable import read_json, write_file
-from numad.host.enforce import Cgroups, Log, Target
+from numad.host.targets import Cgroups, Log, Target
 from numad.host.unit_record import UnitRecord, Units
 from numad.host.workload_units import WorkloadUnits
 from numad.observe import Problems

@@ -30,9 +30,9 @@ from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
-from numad.host.enforce import Cgroups, Log
 from numad.host.memory_move import AnonReader, Mover, MoveResult, Outcome, narrow_job, pull_job
 from numad.host.pages import locality, off_bytes, read_anon_by_node
+from numad.host.targets import Cgroups, Log
 from numad.observe import MemoryMoveCounters, Problems
 
 LOW_PASSES = 3  # passes in a row below the threshold before a workload is listed

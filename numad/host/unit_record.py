@@ -32,7 +32,7 @@ from typing import Protocol
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
 from numad.host.durable import read_json, write_file
-from numad.host.enforce import Log
+from numad.host.targets import Log
 from numad.observe import Problems
 
 FILE = "units.json"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
-from numad.host.enforce import Log, Target
+from numad.host.targets import Log, Target
 from numad.host.unit_record import APPLY_SECONDS, Units
 
 

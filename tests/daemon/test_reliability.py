@@ -11,7 +11,7 @@ import json
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -491,7 +491,7 @@ def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(notify_path))
         monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
-        loops = [
+        loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
             (reconcile_loop, (supervisor, daemon.reconcile, stop, 0.05, wake)),
             (unit_loop, (supervisor, record, wake, stop)),
             (watchdog_loop, (supervisor, stop, 0.05, 2.0)),

@@ -1,0 +1,99 @@
+"""What enforcement works on: the cgroup backend's and the memory mover's protocols,
+the targets (what each cgroup must hold, in write order) and a pass's scan.
+
+Host side, shared by ``numad.host.enforce`` (which writes) and the modules that
+hand it cgroups (isolation, the daemon's commits). Reads nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import NumadError
+from numad.placement.admission import Books, placements
+from numad.workload.shape import WorkloadSpec
+
+
+class Cgroups(Protocol):
+    def exists(self, path: str) -> bool: ...
+    def ensure(self, path: str) -> None: ...
+    def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def restore_cpus(self, cpus: CPUSet) -> None: ...
+    def descendants(self, path: str) -> list[str]: ...
+
+
+class Moves(Protocol):
+    """Memory moves left to a background worker (``numad.host.migration.Migrations``)."""
+
+    def interim(self, path: str, mems: NodeSet) -> NodeSet | None: ...
+    def narrow(self, path: str, mems: NodeSet, wide: NodeSet) -> None: ...
+    def placed(self, path: str, cpus: CPUSet, mems: NodeSet | None) -> None: ...
+    def drifting(self, path: str) -> bool: ...
+
+
+class Log(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
+    def exception(self, event: str, **kw: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one cgroup must hold."""
+
+    path: str
+    cpus: int
+    mems: NodeSet | None
+    exclusive: bool
+    held: int = 0  # a released cgroup: the exclusive CPUs it may still run on
+
+
+def targets(
+    books: Books,
+    specs: Mapping[str, WorkloadSpec],
+    orphans: Iterable[str],
+    others: Iterable[str] = (),
+) -> list[Target]:
+    """Every cgroup numad writes, in write order: released cgroups that still exist
+    (their processes must leave the CPUs numad hands out next) and the other
+    cgroups it isolates (``others``), then each workload's containers. Unplaced
+    workloads hold nothing and follow the pool."""
+    pool = books.cpu.shared_pool
+    out: list[Target] = []
+    owned: set[str] = set()
+    for name, spec in sorted(specs.items()):
+        held = placements(books, name)
+        for c in spec.containers:
+            path = spec.container_cgroup(c)
+            owned.add(path)
+            p = held.get(c.name)
+            mems = p.mems if p is not None and p.mems else None
+            if p is not None and p.cpus:
+                out.append(Target(path, p.cpus.bits, mems, exclusive=True))
+            else:
+                out.append(Target(path, pool, mems, exclusive=False))
+    shared = sorted((set(orphans) | set(others)) - owned)
+    released = [Target(p, pool, None, exclusive=False) for p in shared]
+    return released + out
+
+
+def related_to(path: str, cgroups: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``cgroups``, above one or below one."""
+    return any(path == m or m.startswith(path + "/") or path.startswith(m + "/") for m in cgroups)
+
+
+Listing = Mapping[str, "list[str] | NumadError"]  # a managed root -> the cgroups below it
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a reconcile pass reads before it takes the lock (``Enforcer.scan``)."""
+
+    listing: Listing
+    reads: Mapping[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]]
