@@ -40,6 +40,19 @@ UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
 APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
 
 
+def settle(done: Callable[[], bool], sleep: Callable[[float], None], seconds: float) -> bool:
+    """Ask ``done`` until it says yes, 5 ms apart at first and up to 200 ms; False once
+    ``seconds`` have passed (systemd writes a property after it answers)."""
+    deadline = time.monotonic() + seconds
+    delay = 0.005
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        sleep(delay)
+        delay = min(delay * 2, 0.2)
+    return True
+
+
 class Units(Protocol):
     """What isolation needs of systemd (``numad.host.systemd_bus.Systemd``)."""
 
@@ -215,21 +228,23 @@ class UnitRecord:
     def _applied(self, path: str, cpus: CPUSet) -> bool:
         """Wait until systemd has written ``cpus`` (it does so after answering); False
         as soon as a newer value is wanted instead."""
-        deadline = time.monotonic() + APPLY_SECONDS
-        delay = 0.005
-        while self.read(path) != cpus:
+        newer = False
+
+        def done() -> bool:
+            nonlocal newer
+            if self.read(path) == cpus:
+                return True
             with self.lock:
-                if self.wanted.get(path) != cpus:
-                    return False
-            if time.monotonic() >= deadline:
-                raise CgroupError(
-                    path,
-                    f"systemd accepted AllowedCPUs={cpus.format_list()} but has not written"
-                    f" it after {APPLY_SECONDS:.0f} s",
-                )
-            self.sleep(delay)
-            delay = min(delay * 2, 0.2)
-        return True
+                newer = self.wanted.get(path) != cpus
+            return newer
+
+        if not settle(done, self.sleep, APPLY_SECONDS):
+            raise CgroupError(
+                path,
+                f"systemd accepted AllowedCPUs={cpus.format_list()} but has not written"
+                f" it after {APPLY_SECONDS:.0f} s",
+            )
+        return not newer
 
     # -- giving back ------------------------------------------------------------------------
 

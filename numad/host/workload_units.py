@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
 from numad.host.targets import Log, Target
-from numad.host.unit_record import APPLY_SECONDS, Units
+from numad.host.unit_record import APPLY_SECONDS, Units, settle
 
 
 class WorkloadUnits:
@@ -110,25 +110,25 @@ class WorkloadUnits:
             raise CgroupError(path, f"systemd refused AllowedCPUs= for {unit}: {err}") from err
         if cpus is None or not exists(path):
             return
-        deadline = time.monotonic() + APPLY_SECONDS
-        delay = 0.005
-        while True:
+        now = (CPUSet(), NodeSet())
+
+        def done() -> bool:
+            nonlocal now
             try:
-                now, now_mems = self.read(path)
+                now = self.read(path)
             except NumadError:
-                now, now_mems = CPUSet(), NodeSet()  # systemd may drop the controller
-            if now == cpus and mems in (None, now_mems):
-                return
-            if time.monotonic() >= deadline:
-                asked = f"AllowedCPUs={cpus.format_list()}"
-                held = f"cpuset.cpus {now.format_list() or 'empty'}"
-                if mems is not None:
-                    asked += f" AllowedMemoryNodes={mems.format_list()}"
-                    held += f", cpuset.mems {now_mems.format_list() or 'empty'}"
-                raise CgroupError(
-                    path,
-                    f"systemd accepted {asked} for {unit} but the cgroup holds {held}"
-                    f" after {APPLY_SECONDS:.0f} s",
-                )
-            self.sleep(delay)
-            delay = min(delay * 2, 0.2)
+                now = (CPUSet(), NodeSet())  # systemd may drop the controller
+            return now[0] == cpus and mems in (None, now[1])
+
+        if settle(done, self.sleep, APPLY_SECONDS):
+            return
+        asked = f"AllowedCPUs={cpus.format_list()}"
+        held = f"cpuset.cpus {now[0].format_list() or 'empty'}"
+        if mems is not None:
+            asked += f" AllowedMemoryNodes={mems.format_list()}"
+            held += f", cpuset.mems {now[1].format_list() or 'empty'}"
+        raise CgroupError(
+            path,
+            f"systemd accepted {asked} for {unit} but the cgroup holds {held}"
+            f" after {APPLY_SECONDS:.0f} s",
+        )
