@@ -185,20 +185,20 @@ class Isolation:
         return self.cgroups
 
     def exists(self, path: str) -> bool:
-        unit = self._workload_unit(path)
+        unit = self.workloads.unit_of(path)
         if unit is not None:
-            return self._runs_in(unit, path)
+            return self.workloads.runs_in(unit, path)
         return self._backend(path).exists(path)
 
     def ensure(self, path: str) -> None:
         # systemd enables the controller for a workload's unit
-        if self._workload_unit(path) is None:
+        if self.workloads.unit_of(path) is None:
             self._backend(path).ensure(path)
 
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
-        unit = self._workload_unit(path)
+        unit = self.workloads.unit_of(path)
         if unit is not None:
-            self._set_unit(path, unit, cpus, mems)
+            self.workloads.set(path, unit, cpus, mems, self.exists)
             return
         if path not in self.isolated:
             self._backend(path).write(path, cpus, mems)
@@ -238,7 +238,7 @@ class Isolation:
 
     def via(self, path: str) -> str:
         """How numad writes a cgroup: ``systemd UNIT`` or ``cgroupfs``."""
-        unit = self._workload_unit(path)
+        unit = self.workloads.unit_of(path)
         if unit is None and self.record is not None:
             unit = self.record.unit(path)
         return f"systemd {unit}" if unit else "cgroupfs"
@@ -250,17 +250,6 @@ class Isolation:
 
     def preset(self, wanted: Iterable[Target]) -> None:
         self.workloads.preset(wanted, self.exists)
-
-    def _workload_unit(self, path: str) -> str | None:
-        return self.workloads.unit_of(path)
-
-    def _runs_in(self, unit: str, path: str) -> bool:
-        return self.workloads.runs_in(unit, path)
-
-    def _set_unit(
-        self, path: str, unit: str, cpus: CPUSet | None, mems: NodeSet | None = None
-    ) -> None:
-        self.workloads.set(path, unit, cpus, mems, self.exists)
 
     # -- what to give back -----------------------------------------------------------------
 
