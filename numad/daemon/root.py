@@ -56,6 +56,9 @@ from numad.workload.spec import load_spec, parse_spec
 
 __all__ = ["Cgroups", "Daemon", "Log"]
 
+# SIGTERM to exit within 2 s: systemd gets this long to take back what it was told.
+STOP_SYSTEMD_SECONDS = 1.0
+
 
 class Daemon:
     """Builds every part and wires them; the state they share is one ``Holdings``."""
@@ -193,8 +196,10 @@ class Daemon:
         """SIGTERM: a pass or request under way ends its cgroup writes now (``stop``
         follows, once the API server has stopped)."""
         self.held.stopping.set()
+        self.isolation.hurry(STOP_SYSTEMD_SECONDS)
 
     def stop(self) -> None:
+        self.interrupt()
         self.reconciler.stop()
 
     @property

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
@@ -78,8 +79,14 @@ class Isolation:
         self.online = CPUSet()  # the online CPUs, set by the daemon: "every CPU" on stop
         self.host: Cgroups | None = None
         self.tops: set[str] = set()
+        self.stopping = threading.Event()  # numad stops: ``hurry``
         self.workloads = WorkloadUnits(
-            None, log, lambda path: self._backend(path).read(path), v1=v1, sleep=sleep
+            None,
+            log,
+            lambda path: self._backend(path).read(path),
+            v1=v1,
+            sleep=sleep,
+            stopping=self.stopping,
         )
         self.originals, self.problem = _load(state_dir)
         self.systemd = systemd  # builds the record
@@ -98,8 +105,24 @@ class Isolation:
             return
         read = lambda path: self._backend(path).read(path)[0]  # noqa: E731
         self.record = UnitRecord(
-            systemd, self.state_dir, self.log, read, problems=self.problems, sleep=self.sleep
+            systemd,
+            self.state_dir,
+            self.log,
+            read,
+            problems=self.problems,
+            sleep=self.sleep,
+            stopping=self.stopping,
         )
+
+    def hurry(self, seconds: float) -> None:
+        """numad stops: no wait on systemd lasts past ``seconds`` from now, and a call
+        under way ends at once. A unit not given its own setting back by then stays in
+        units.json, and the next numad gives it back."""
+        if self.stopping.is_set():
+            return  # the first deadline holds
+        self.stopping.set()
+        if self._systemd is not None:
+            self._systemd.hurry(seconds)
 
     # -- which cgroups ---------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ at a time (a stream carries one call at a time); it is not thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import os
 import socket
 import struct
@@ -145,6 +147,12 @@ class _Stream:
     def close(self) -> None:
         self._sock.close()
 
+    def interrupt(self) -> None:
+        """End a call waiting on this stream now, from any thread (its receive sees
+        the stream shut and raises)."""
+        with contextlib.suppress(OSError):  # closed already: nothing waits on it
+            self._sock.shutdown(socket.SHUT_RDWR)
+
     def _bound(self, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -182,6 +190,7 @@ class Systemd:
         self.clock = time.monotonic
         self._backoff = 0.0
         self._quiet_until = 0.0
+        self._until = math.inf  # numad stops: no call waits past this (``hurry``)
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -272,6 +281,16 @@ class Systemd:
             self._stream.close()
             self._stream = None
 
+    def hurry(self, seconds: float) -> None:
+        """numad stops: a call waiting on systemd ends now, and every call from now
+        on ends within ``seconds`` of this moment, answered or not (a peer in its
+        backoff is asked once more: what numad gives back at stop is worth a try).
+        Safe from any thread: it does not wait for the call under way."""
+        self._until = time.monotonic() + seconds
+        stream = self._stream
+        if stream is not None:
+            stream.interrupt()
+
     def __enter__(self) -> Self:
         return self
 
@@ -312,7 +331,7 @@ class Systemd:
         member = message.header.fields.get(HeaderFields.member)
         with self._turn:
             left = self._quiet_until - self.clock()
-            if left > 0:
+            if left > 0 and self._until == math.inf:
                 problem = (
                     f"not asking {member}: {self.address} did not answer; again in {left:.1f} s"
                 )
@@ -332,7 +351,8 @@ class Systemd:
     def _reconnect(self, name: str, member: object) -> None:
         """A new stream where the last one failed (it may have held half a call)."""
         try:
-            self._stream = _Stream.open(self._path, self.timeout, peer=self._peer)
+            timeout = min(self.timeout, self._until - time.monotonic())
+            self._stream = _Stream.open(self._path, timeout, peer=self._peer)
         except (OSError, ValueError) as err:
             problem = f"cannot call {member}: the connection to {self.address} is lost ({err})"
             raise SystemdError(name, problem) from err
@@ -341,13 +361,15 @@ class Systemd:
 
     def _exchange(self, name: str, member: object, stream: _Stream, message: Message) -> Message:
         try:
-            reply: Message = stream.call(message, time.monotonic() + self.timeout)
-        except TimeoutError as err:
-            self.close()
-            problem = f"no reply to {member} from {self.address} within {self.timeout:g} s"
-            raise SystemdError(name, problem, "is systemd stuck?") from err
+            reply: Message = stream.call(message, min(time.monotonic() + self.timeout, self._until))
         except (OSError, ValueError) as err:  # ValueError: jeepney could not parse a message
             self.close()
+            if self._until != math.inf:
+                problem = f"numad is stopping: gave up waiting for {member} from {self.address}"
+                raise SystemdError(name, problem) from err
+            if isinstance(err, TimeoutError):
+                problem = f"no reply to {member} from {self.address} within {self.timeout:g} s"
+                raise SystemdError(name, problem, "is systemd stuck?") from err
             problem = f"{member}: the connection to {self.address} failed ({err})"
             raise SystemdError(name, problem) from err
         return reply

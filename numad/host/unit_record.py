@@ -40,13 +40,19 @@ UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
 APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
 
 
-def settle(done: Callable[[], bool], sleep: Callable[[float], None], seconds: float) -> bool:
+def settle(
+    done: Callable[[], bool],
+    sleep: Callable[[float], None],
+    seconds: float,
+    stopping: threading.Event,
+) -> bool:
     """Ask ``done`` until it says yes, 5 ms apart at first and up to 200 ms; False once
-    ``seconds`` have passed (systemd writes a property after it answers)."""
+    ``seconds`` have passed (systemd writes a property after it answers), or at once
+    when numad stops."""
     deadline = time.monotonic() + seconds
     delay = 0.005
     while not done():
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or stopping.is_set():
             return False
         sleep(delay)
         delay = min(delay * 2, 0.2)
@@ -63,6 +69,7 @@ class Units(Protocol):
         self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
     ) -> None: ...
     def load(self, name: str) -> str: ...
+    def hurry(self, seconds: float) -> None: ...
     def slice(self, name: str) -> str: ...
 
 
@@ -80,9 +87,11 @@ class UnitRecord:
         *,
         problems: Problems | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.systemd = systemd
         self.state_dir = state_dir
+        self.stopping = stopping or threading.Event()  # numad stops: no more waiting
         self.log = log
         self.read = read  # a cgroup's cpuset.cpus as the kernel holds it
         self.sleep = sleep
@@ -238,7 +247,9 @@ class UnitRecord:
                 newer = self.wanted.get(path) != cpus
             return newer
 
-        if not settle(done, self.sleep, APPLY_SECONDS):
+        if not settle(done, self.sleep, APPLY_SECONDS, self.stopping):
+            if self.stopping.is_set():
+                raise CgroupError(path, "numad is stopping: not waiting for systemd to write it")
             raise CgroupError(
                 path,
                 f"systemd accepted AllowedCPUs={cpus.format_list()} but has not written"

@@ -12,6 +12,7 @@ Edge module: it writes only through the systemd it is given.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 
@@ -32,8 +33,10 @@ class WorkloadUnits:
         *,
         v1: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.systemd = systemd
+        self.stopping = stopping or threading.Event()  # numad stops: no more waiting
         self.log = log
         self.read = read  # a cgroup's configured sets, as the kernel holds them
         self.v1 = v1
@@ -120,8 +123,10 @@ class WorkloadUnits:
                 now = (CPUSet(), NodeSet())  # systemd may drop the controller
             return now[0] == cpus and mems in (None, now[1])
 
-        if settle(done, self.sleep, APPLY_SECONDS):
+        if settle(done, self.sleep, APPLY_SECONDS, self.stopping):
             return
+        if self.stopping.is_set():
+            raise CgroupError(path, f"numad is stopping: not waiting for systemd to apply {unit}")
         asked = f"AllowedCPUs={cpus.format_list()}"
         held = f"cpuset.cpus {now[0].format_list() or 'empty'}"
         if mems is not None:

@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -442,11 +443,16 @@ class _StuckSystemd:
         self.control_groups = control_groups
         self.delay = delay
         self.calls = 0
+        self.hurried = threading.Event()
 
     def _slow(self, name: str) -> None:
         self.calls += 1
-        threading.Event().wait(self.delay)
+        if self.hurried.wait(self.delay):  # as the bus ends a call once numad hurries it
+            raise SystemdError(name, "numad is stopping: gave up waiting (injected)")
         raise SystemdError(name, f"no reply within {self.delay:g} s (injected)")
+
+    def hurry(self, seconds: float) -> None:
+        self.hurried.set()
 
     def unit(self, name: str) -> str | None:
         return f"/org/freedesktop/systemd1/unit/{name}" if name in self.control_groups else None
@@ -526,3 +532,45 @@ def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
             wake.set()
             for thread in threads:
                 thread.join(10)
+
+
+class _StuckWhenSetting(_StuckSystemd):
+    """Loads units at once; only setting their properties is stuck."""
+
+    def load(self, name: str) -> str:
+        return f"/org/freedesktop/systemd1/unit/{name}"
+
+
+def test_sigterm_ends_a_wait_on_a_stuck_systemd_at_once(machines: Machines, tmp_path: Path) -> None:
+    """Before: SIGTERM waited for the D-Bus call under way (a workload unit's placement
+    is set under the daemon's lock), then for each unit's give-back, each as long as
+    the bus's timeout: far past the 2 s numad has to exit. Now numad hurries the bus
+    (``Isolation.hurry``): the call under way ends at once, and every later one gets
+    what is left of STOP_SYSTEMD_SECONDS."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    scratch_mkdir(tree, "numad.slice/svc.service")
+    stuck = _StuckWhenSetting({"svc.service": "/numad.slice/svc.service"}, 120.0)
+    daemon.isolation.systemd = stuck
+    spec = {"name": "svc", "unit": "svc.service", "cpus": 4}
+    answers: list[object] = []
+    admission = threading.Thread(
+        target=lambda: answers.append(daemon.admit(daemon.parse(json.dumps(spec), "json")))
+    )
+    admission.start()
+    for _ in range(600):  # up to 60 s: a bound for a hung test, not a speed goal
+        if stuck.calls:
+            break
+        admission.join(0.1)
+    assert stuck.calls == 1, "the admission never asked systemd"
+    assert admission.is_alive(), "the admission did not wait on systemd"
+    start = time.monotonic()
+    daemon.interrupt()  # what SIGTERM's handler does; the API server then stops
+    admission.join(60)
+    daemon.stop()
+    took = time.monotonic() - start
+    assert not admission.is_alive()
+    assert answers, "the admission raised instead of answering"
+    # The stuck call would have lasted 120 s; the stop waited for none of it.
+    assert took < stuck.delay / 4, f"stop took {took:.1f} s"
+    assert stuck.hurried.is_set()

@@ -193,6 +193,7 @@ class FakeSystemd:
         self.calls: list[tuple[str, str]] = []
         self.tree = tree
         self.broken = False
+        self.hurried: float | None = None  # numad stopped: the seconds it gave systemd
         self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
         self.unloaded: set[str] = set()  # stopped and unloaded by systemd's GC
 
@@ -226,6 +227,9 @@ class FakeSystemd:
 
     def slice(self, name: str) -> str:
         return self.units[name].strip("/").split("/")[-2]
+
+    def hurry(self, seconds: float) -> None:
+        self.hurried = seconds
 
     def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
         return self.allowed_cpus[name], self.allowed_mems[name]
@@ -334,14 +338,25 @@ class SlowSystemd(FakeSystemd):
         super().__init__(tree, units)
         self.gate = threading.Event()
         self.entered = threading.Event()
+        self.stopping = threading.Event()
 
     def set_allowed(
         self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
     ) -> None:
         if not self.entered.is_set():
             self.entered.set()
-            assert self.gate.wait(60)  # a bound for a hung test, not a speed goal
+            for _ in range(600):  # 60 s: a bound for a hung test, not a speed goal
+                if self.gate.wait(0.1):
+                    break
+                if self.stopping.is_set():  # as the bus does once numad hurries it
+                    raise SystemdError(name, "numad is stopping: gave up waiting (injected)")
+            else:
+                raise AssertionError("the gate never opened")
         super().set_allowed(name, cpus, mems, runtime=runtime)
+
+    def hurry(self, seconds: float) -> None:
+        super().hurry(seconds)
+        self.stopping.set()
 
 
 def test_an_exclusive_set_waits_while_systemd_may_still_write_an_older_value(

@@ -54,6 +54,7 @@ class FakeSystemd:
         self.calls: list[tuple[str, bool, list[tuple[str, tuple[str, bytes]]]]] = []
         self.members: list[str] = []
         self.stall = threading.Event()
+        self.received = threading.Event()  # a call came in (answered or not)
         self._stop = threading.Event()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
@@ -107,6 +108,7 @@ class FakeSystemd:
         serials = itertools.count(1)
         while True:
             while (message := parser.get_next_message()) is not None:
+                self.received.set()
                 if not self.stall.is_set():
                     conn.sendall(self._answer(message).serialise(serial=next(serials)))
             more = next(chunks, None)
@@ -308,6 +310,38 @@ def test_stalled_peer_times_out(fake: FakeSystemd, systemd: Systemd) -> None:
     now[0] += 0.2
     assert systemd.unit("web.service") == object_path("web.service")
     assert systemd.unit("web.service") == object_path("web.service")  # backoff reset
+
+
+def test_hurry_ends_the_call_under_way_and_bounds_the_next(fake: FakeSystemd) -> None:
+    """numad stops: a call that waits on a stuck systemd ends at once, from another
+    thread, and later calls (the give-backs) get only the seconds numad has left,
+    though the bus would wait 60 s and the peer is in its backoff."""
+    systemd = Systemd.connect(fake.address, timeout=60.0)
+    assert systemd is not None
+    fake.stall.set()
+    errors: list[SystemdError] = []
+
+    def ask() -> None:
+        try:
+            systemd.unit("web.service")
+        except SystemdError as err:
+            errors.append(err)
+
+    waiting = threading.Thread(target=ask)
+    waiting.start()
+    assert fake.received.wait(30), "the call never reached the peer"
+    start = time.monotonic()
+    systemd.hurry(0.5)
+    waiting.join(30)  # bounds for a hung test; the call itself would wait 60 s
+    assert not waiting.is_alive()
+    assert [str(e) for e in errors] == [
+        f"web.service: numad is stopping: gave up waiting for GetUnit from {fake.address}"
+    ]
+    with pytest.raises(SystemdError, match=r"numad is stopping|is lost"):
+        systemd.set_allowed("web.service", CPUSet([1]), None)  # asked again: still stuck
+    assert time.monotonic() - start < systemd.timeout / 2
+    fake.stall.clear()
+    systemd.close()
 
 
 def test_threads_take_turns_on_one_connection(systemd: Systemd) -> None:
