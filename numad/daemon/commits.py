@@ -71,7 +71,14 @@ class Commits:
         try:
             state.write(
                 self.state_dir,
-                state.Checkpoint(reserved, records, orphans, reserved_setting(self.config), grants),
+                state.Checkpoint(
+                    reserved,
+                    records,
+                    orphans,
+                    reserved_setting(self.config),
+                    grants,
+                    tuple(sorted(held.seen & specs.keys())),
+                ),
                 self.syscalls,
             )
         except CheckpointError as err:

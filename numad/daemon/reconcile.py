@@ -10,6 +10,7 @@ cgroup and settles released ones; the supervised loop in ``numad.daemon.loops`` 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,7 +126,10 @@ class Reconciler:
         held.passes += 1
         self._check_root()
         if self.health.has("checkpoint"):
-            self.commits.commit(held.books, held.specs)
+            # Retried beside enforcement, not before it: what is committed is still
+            # enforced (drift repaired, new cgroups isolated) while the disk is full.
+            with contextlib.suppress(CheckpointError):
+                self.commits.commit(held.books, held.specs)
         if held.rediscover_pending:
             self.rediscover()
         repairs = self.enforcer.find_drift(held.passes, scan)
@@ -161,9 +165,12 @@ class Reconciler:
 
     def _releases(self) -> None:
         """Release a workload whose cgroups existed and have all been gone for
-        ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it."""
+        ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it. That
+        they existed is checkpointed: gone while numad was down counts too (the
+        grace starts at the first pass)."""
         held = self.held
         now = self.clock()
+        was = set(held.seen)
         for name, spec in list(held.specs.items()):
             if spec.unit is not None:  # stopped or started, the unit is still the workload
                 continue
@@ -175,7 +182,11 @@ class Reconciler:
                 since = held.gone_since.setdefault(name, now)
                 if now - since >= self.config.release_grace_seconds:
                     self.log.info("workload_cgroup_removed", workload=name)
-                    self.release(name)
+                    with contextlib.suppress(CheckpointError):  # released at a later pass
+                        self.release(name)
+        if held.seen - was:  # kept, so that cgroups gone while numad is down still count
+            with contextlib.suppress(CheckpointError):  # health says so; the next pass retries
+                self.commits.commit(held.books, held.specs)
 
     def _readmit(self) -> None:
         """Place each unplaced workload that fits again, as a new admission would."""

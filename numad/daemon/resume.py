@@ -45,6 +45,7 @@ def resume(  # noqa: PLR0917 - the parts start-up reads and fills
             log.warning("orphan_dropped", cgroup=orphan, problem=str(err))
             continue
         held.orphans.add(orphan)
+    held.seen = set(checkpoint.seen) & checkpoint.workloads.keys()  # gone while down: released
     for name, record in sorted(checkpoint.workloads.items()):
         try:
             spec = _restored_spec(name, record, config, health)

@@ -303,13 +303,17 @@ class Daemon:
                 self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
                 return outcome
             specs = {**held.specs, spec.name: spec}
-            self.commits.commit(books, specs)  # invariant 3: before any cgroup change
+            if any(self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
+                held.seen.add(spec.name)  # released when its cgroups go (after the grace)
+            try:
+                self.commits.commit(books, specs)  # invariant 3: before any cgroup change
+            except CheckpointError:
+                held.seen.discard(spec.name)
+                raise
             self.commits.crash_point("admit:after-checkpoint")
             held.books, held.specs = books, specs
             held.outcomes[spec.name] = outcome
             self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
-            if any(self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
-                held.seen.add(spec.name)  # released when its cgroups go (after the grace)
             self.update_gauges()
             self.log.info("admission_accepted", workload=spec.name)
             return outcome

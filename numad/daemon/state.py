@@ -76,6 +76,9 @@ class Checkpoint:
     # last exclusive set written there. Until the cgroup is rewritten or gone,
     # no other cgroup is given those CPUs (invariant 4), also after a restart.
     grants: Mapping[str, str] = field(default_factory=dict)
+    # Workloads whose cgroups have existed: one whose cgroups are all gone is
+    # released after the grace period, also when they went while numad was down.
+    seen: tuple[str, ...] = ()
 
 
 def record_of(books: Books, name: str, spec: Mapping[str, Any], unplaced: str = "") -> Record:
@@ -132,6 +135,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
         "reserved_from": checkpoint.reserved_from,
         "orphans": sorted(checkpoint.orphans),
         "grants": dict(sorted(checkpoint.grants.items())),
+        "seen": sorted(checkpoint.seen),
         "workloads": workloads,
     }
     return (
@@ -275,6 +279,7 @@ def _checkpoint(value: object) -> Checkpoint:
         tuple(_strings(body.get("orphans", []), "body/orphans")),
         _is(body.get("reserved_from", ""), str, "body/reserved_from"),
         MappingProxyType(_map({"grants": {}, **body}, "grants", "body", _cpu_list)),
+        tuple(_strings(body.get("seen", []), "body/seen")),
     )
 
 

@@ -331,6 +331,54 @@ def test_a_unit_restart_within_the_grace_period_keeps_its_placement(
     assert "db" not in daemon.specs
 
 
+def test_a_workload_whose_cgroup_went_while_numad_was_down_is_released_after_the_grace(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Before: only a cgroup seen to go was released (what numad had seen lived in
+    memory), so a container whose poststop never ran (a power loss) kept its CPUs
+    forever. Now that a workload's cgroup existed is checkpointed. One whose cgroup
+    never existed (admitted before its container starts) is kept."""
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)  # numad.slice/db exists
+    assert _admit(daemon, "later", 2)  # its cgroup is made later, if ever
+    daemon.stop()
+    shutil.rmtree(Path(str(daemon.fs.root)) / "sys/fs/cgroup/numad.slice/db")
+    again = restarted_daemon(daemon)  # its first pass starts db's grace period
+    assert set(again.specs) == {"db", "later"}  # not before the grace
+    grace = again.config.release_grace_seconds
+    again.clock = lambda: time.monotonic() + grace
+    again.reconcile()
+    assert set(again.specs) == {"later"}
+    assert not any(w == "db" for w, _ in again.books.cpu.assignments)
+    assert "db" not in state.read(again.state_dir)[0].workloads  # type: ignore[union-attr]
+
+
+def test_a_full_state_disk_still_enforces_what_is_committed(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Before: with the checkpoint unwritable, a pass retried the commit first and
+    stopped there: drift was not repaired and new cgroups were not isolated while
+    the disk stayed full. Now the commit is retried beside enforcement."""
+    daemon = recorded_daemon(machines, tmp_path)
+    assert _admit(daemon, "db", 4)
+    held = _held(daemon, "db")
+    daemon.syscalls = durable.Syscalls.injecting(durable.Fault.ENOSPC)
+    with pytest.raises(CheckpointError):
+        _admit(daemon, "web", 2)
+    cgroups = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    (cgroups / "numad.slice/db/cpuset.cpus").write_text("0-31\n")  # drift
+    scratch_mkdir(cgroups, "numad.slice/stray")
+    daemon.reconcile()
+    assert _cpus(daemon, "db") == held
+    assert CPUSet.parse_list((cgroups / "numad.slice/stray/cpuset.cpus").read_text())
+    assert not CPUSet.parse_list((cgroups / "numad.slice/stray/cpuset.cpus").read_text()) & held
+    assert not daemon.ready  # and says why
+    assert any("numad cannot commit changes" in p for p in daemon.problems)
+    daemon.syscalls = durable.SYSCALLS
+    daemon.reconcile()
+    assert daemon.ready
+
+
 # -- stable host settings ---------------------------------------------------------------------
 
 
