@@ -314,7 +314,8 @@ def admit(container: Container, socket: str, fs: HostFS) -> int:
         print(f"numad: {container.subject}: not placed: {wanted}", file=sys.stderr)
         return 0
     name = container.workload
-    spec = {"name": name, "cgroup": container_cgroup(container, fs), **wanted}
+    # transient: released by the daemon once its cgroup stays empty, if poststop never runs
+    spec = {"name": name, "cgroup": container_cgroup(container, fs), "transient": True, **wanted}
     if not os.path.exists(socket):
         raise NumadError(socket, "the numad socket is absent", "is `numad serve` running?")
     body = json.dumps(spec)

@@ -26,6 +26,7 @@ from numad import defaults
 from numad.cli import textout
 from numad.cli.client import APIError, request
 from numad.errors import NumadError
+from numad.host.cgroup.hierarchy import SCRATCH_MARKER, KernelMutex, is_scratch
 
 REJECTED = 3  # the exit status of a rejection (numad.cli.main's docstring lists them all)
 # numad.workload.spec's name rule, repeated: the client does not import the managers
@@ -75,9 +76,11 @@ def run_command(args: argparse.Namespace) -> int:
         )
     spec = spec_of(args, cgroup=f"{defaults.MANAGED_ROOT}/{name}")
     spec["name"] = name
+    spec["transient"] = True  # released by the daemon if numad run dies before its release
     socket = str(args.socket or defaults.SOCKET)
     health = request(socket, "GET", "/v1/health")
-    cgroup = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT) / spec["cgroup"]
+    root = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT)
+    cgroup = root / spec["cgroup"]
     child = [0]  # the command's pid, once it runs: signals go to it
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -113,12 +116,12 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         for sig in _FORWARDED:  # the cleanup runs to its end
             signal.signal(sig, signal.SIG_IGN)
-        _end(socket, name, cgroup, held=held, made=made)
+        _end(socket, name, (root, cgroup), held=held, made=made)
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
 
-def _end(socket: str, name: str, cgroup: Path, *, held: bool, made: bool) -> None:
+def _end(socket: str, name: str, where: tuple[Path, Path], *, held: bool, made: bool) -> None:
     """Release the workload (if it may be admitted) and remove the cgroup numad run made."""
     if held:
         try:
@@ -130,7 +133,7 @@ def _end(socket: str, name: str, cgroup: Path, *, held: bool, made: bool) -> Non
         except NumadError as err:
             print(f"numad: {err}; {name} may still be admitted", file=sys.stderr)
     if made:
-        _remove(cgroup)
+        _remove(where[1], where[0])
 
 
 def _child(cgroup: Path, cmd: list[str], child: list[int]) -> int:
@@ -161,16 +164,20 @@ def _child(cgroup: Path, cmd: list[str], child: list[int]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _remove(cgroup: Path) -> None:
+def _remove(cgroup: Path, root: Path) -> None:
     """Remove a cgroup directory numad run made. In cgroupfs its files go with it; in a
-    scratch tree (``serve --root``) they are plain files, removed first."""
+    scratch tree (``serve --root``) they are plain files, removed first, under the
+    emulated kernel's lock (the daemon may be writing the files it emulates)."""
     try:
         cgroup.rmdir()
     except OSError as err:
         if err.errno != errno.ENOTEMPTY or any(p.is_dir() for p in cgroup.iterdir()):
             print(f"numad: {cgroup}: not removed: {err.strerror}", file=sys.stderr)
             return
-        with contextlib.suppress(OSError):
+        if not is_scratch(root):
+            print(f"numad: {cgroup}: not removed: {err.strerror}", file=sys.stderr)
+            return
+        with KernelMutex(root / SCRATCH_MARKER), contextlib.suppress(OSError):
             for p in cgroup.iterdir():
                 p.unlink()
             cgroup.rmdir()

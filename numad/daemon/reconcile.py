@@ -28,6 +28,7 @@ from numad.host.targets import Cgroups, Log, Scan
 from numad.hostfs import HostFS
 from numad.observe import Problems
 from numad.placement.admission import admit
+from numad.workload.shape import WorkloadSpec
 
 
 class Reconciler:
@@ -165,7 +166,8 @@ class Reconciler:
 
     def _releases(self) -> None:
         """Release a workload whose cgroups existed and have all been gone for
-        ``release-grace-seconds``: a unit restart (rmdir, then mkdir) keeps it. That
+        ``release-grace-seconds`` (a transient one's: gone or empty): a unit restart
+        (rmdir, then mkdir) keeps it. Cost: one read per workload cgroup. That
         they existed is checkpointed: gone while numad was down counts too (the
         grace starts at the first pass)."""
         held = self.held
@@ -177,16 +179,28 @@ class Reconciler:
             present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
             if any(p is True for p in present):
                 held.seen.add(name)
+            if any(p is True for p in present) and not self._idle(spec, present):
                 held.gone_since.pop(name, None)
-            elif name in held.seen and all(p is False for p in present):
+            elif name in held.seen and all(p is not None for p in present):
                 since = held.gone_since.setdefault(name, now)
                 if now - since >= self.config.release_grace_seconds:
-                    self.log.info("workload_cgroup_removed", workload=name)
+                    event = "workload_cgroup_empty" if any(present) else "workload_cgroup_removed"
+                    self.log.info(event, workload=name)
                     with contextlib.suppress(CheckpointError):  # released at a later pass
                         self.release(name)
         if held.seen - was:  # kept, so that cgroups gone while numad is down still count
             with contextlib.suppress(CheckpointError):  # health says so; the next pass retries
                 self.commits.commit(held.books, held.specs)
+
+    def _idle(self, spec: WorkloadSpec, present: list[bool | None]) -> bool:
+        """A transient workload whose cgroups that exist have no process left (its
+        client, ``numad run`` or a container runtime, may have died without a release)."""
+        if not spec.transient:
+            return False
+        cgroups = [
+            spec.container_cgroup(c) for c, p in zip(spec.containers, present, strict=True) if p
+        ]
+        return all(self.enforcer.empty(path) is True for path in cgroups)
 
     def _readmit(self) -> None:
         """Place each unplaced workload that fits again, as a new admission would."""

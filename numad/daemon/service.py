@@ -165,6 +165,9 @@ class _NoCgroups:
     def descendants(self, path: str) -> list[str]:
         return []
 
+    def processes(self, path: str) -> list[int]:
+        return []
+
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()
 

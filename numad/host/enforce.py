@@ -19,6 +19,7 @@ CPUs (a shared cgroup that failed to shrink, or an older grant elsewhere).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
@@ -114,6 +115,16 @@ class Enforcer:
             self._failed(path, err)
             return None
         return found
+
+    def empty(self, path: str) -> bool | None:
+        """Whether no live process is in the cgroup (a scratch tree keeps the pids of
+        exited ones: they do not count); None when that cannot be told."""
+        try:
+            pids = self.cgroups.processes(path)
+        except NumadError as err:
+            self._failed(path, err)
+            return None
+        return not any(_alive(pid) for pid in pids)
 
     def apply(
         self, wanted: list[Target], pool: int, step: Callable[[str], None] | None = None
@@ -366,3 +377,12 @@ class Enforcer:
                 next_repair_in_passes=wait,
             )
         return repairs
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie has exited: the kernel no longer lists it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])

@@ -43,7 +43,17 @@ _DEVICE_CLASS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}")
 _CPU_TEXT = re.compile(r"(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)(?P<milli>m?)")
 _CPUS_HINT = 'use an integer for exclusive CPUs, or "500m" or 0.5 for the shared pool'
 _BYTES_HINT = "use bytes or a suffix like 32Gi"
-_TOP_FIELDS = ("name", "cgroup", "unit", "policy", "containers", "cpus", "memory", "devices")
+_TOP_FIELDS = (
+    "name",
+    "cgroup",
+    "unit",
+    "policy",
+    "transient",
+    "containers",
+    "cpus",
+    "memory",
+    "devices",
+)
 _CONTAINER_FIELDS = ("name", "cgroup", "kind", "cpus", "memory", "devices")
 _RESOURCE_FIELDS = frozenset({"cpus", "memory", "devices"})
 _POLICIES = frozenset(p.value for p in Policy)
@@ -148,9 +158,14 @@ class Reader:
         else:
             cgroup = ""
         policy = r.policy(doc["policy"], "policy") if "policy" in doc else None
+        transient = doc.get("transient", False)
+        if not isinstance(transient, bool):
+            raise r.fail("transient", f"expected true or false, got {type_name(transient)}")
+        if transient and unit is not None:
+            raise r.fail("transient", "a unit is not transient", "systemd releases its cgroup")
         if "containers" not in doc:
             main = r.resources(doc, "", DEFAULT_CONTAINER, "", ContainerKind.APP)
-            return WorkloadSpec(name, cgroup, policy, (main,), unit)
+            return WorkloadSpec(name, cgroup, policy, (main,), unit, transient)
         beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(HUGEPAGES)]
         if beside:
             raise r.fail(member("", beside[0]), "not allowed beside containers", "move it into one")
@@ -163,7 +178,7 @@ class Reader:
         wheres = [f"containers[{i}]" for i in range(len(items))]
         containers = tuple(r.container(item, w) for item, w in zip(items, wheres, strict=True))
         r.check_containers(containers, wheres)
-        return WorkloadSpec(name, cgroup, policy, containers, unit)
+        return WorkloadSpec(name, cgroup, policy, containers, unit, transient)
 
     def container(self, value: object, where: str) -> ContainerSpec:
         doc = self.table(value, where)

@@ -49,6 +49,9 @@ class WorkloadSpec:
     policy: Policy | None
     containers: tuple[ContainerSpec, ...]
     unit: str | None = None  # a systemd unit: cgroup is its cgroup ("" until resolved)
+    # Released once its cgroups have been empty for the grace period (numad run, an
+    # OCI container): its client may die without releasing it.
+    transient: bool = False
 
     def container_cgroup(self, container: ContainerSpec) -> str:
         """The container's cgroup, relative to the cgroup root."""
@@ -73,6 +76,8 @@ class WorkloadSpec:
             out["cgroup"] = self.cgroup
         if self.policy is not None:
             out["policy"] = self.policy.value
+        if self.transient:
+            out["transient"] = True
         only = self.containers[0] if len(self.containers) == 1 else None
         default = (DEFAULT_CONTAINER, "", ContainerKind.APP)
         if only and (only.name, only.cgroup, only.kind) == default:

@@ -192,7 +192,9 @@ def _admitted(daemon: Numad, name: str, proc: subprocess.Popen[str]) -> dict[str
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         listed: list[dict[str, Any]] = daemon.call("GET", "/v1/workloads")["workloads"]
-        if listed and (daemon.cgroups / "numad.slice" / name / "cgroup.procs").read_text():
+        procs = daemon.cgroups / "numad.slice" / name / "cgroup.procs"
+        # The scratch tree's kernel files appear when numad reacts to the mkdir.
+        if listed and procs.is_file() and procs.read_text():
             return listed[0]  # admitted, and the command has joined its cgroup
         time.sleep(0.05)
     raise AssertionError("numad run did not start its command")

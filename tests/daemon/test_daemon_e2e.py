@@ -337,6 +337,44 @@ def test_run_admits_a_transient_workload_runs_the_command_and_releases_it(numad:
     _check_invariants(numad)
 
 
+def test_a_killed_numad_run_is_released_once_its_cgroup_is_empty(numad: Numad) -> None:
+    """Before: ``numad run`` killed with SIGKILL never sent its release, and the
+    workload held its CPUs forever. Now a transient workload is released once its
+    cgroup has been empty for the grace period; not while its command runs."""
+    numad.stop()  # again, with a short grace, reconciling often
+    numad.config.write_text(
+        CONFIG + "[daemon]\nrelease-grace-seconds = 1\nreconcile-seconds = 0.5\n"
+    )
+    numad.start()
+    run = [sys.executable, "-m", "numad", "run", "--name", "job1", "--cpus", "2"]
+    marker = numad.root / "job1.done"
+    command = ["sh", "-c", f"sleep 4; touch {marker}"]
+    proc = subprocess.Popen(
+        [*run, "--socket", numad.socket, "--", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs = numad.cgroups / "numad.slice/job1/cgroup.procs"
+    deadline = time.monotonic() + 30  # a bound for a hung daemon, not a speed goal
+    while not (procs.is_file() and procs.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert procs.read_text().strip(), "the command never joined its cgroup"
+    proc.kill()  # numad run dies; its command runs on
+    proc.wait(timeout=30)
+    names = [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]]
+    assert names == ["job1"]
+    while not marker.exists() and time.monotonic() < deadline + 30:
+        assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == ["job1"]
+        time.sleep(0.2)
+    assert marker.exists(), "the command did not finish"
+    deadline = time.monotonic() + 60
+    while names and time.monotonic() < deadline:
+        time.sleep(0.2)
+        names = [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]]
+    assert names == []
+    _check_invariants(numad)
+
+
 def test_declared_workloads_are_admitted_at_start(numad: Numad) -> None:
     declared = numad.root / "etc" / "numad" / "workloads.d"
     declared.mkdir(parents=True)

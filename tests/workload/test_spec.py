@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,28 @@ VALID: list[Any] = [
         id="pod-as-json",
     ),
 ]
+
+
+VALID += [
+    pytest.param(
+        "toml",
+        toml("cpus = 2\ntransient = true\n"),
+        replace(w("web", c("main", "", cpus=2)), transient=True),
+        id="transient",
+    ),
+]
+INVALID_TRANSIENT = [
+    pytest.param(toml('cpus = 2\ntransient = "yes"\n'), "transient", id="transient-not-bool"),
+    pytest.param(
+        'unit = "db.service"\ncpus = 2\ntransient = true\n', "transient", id="transient-unit"
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "where"), INVALID_TRANSIENT)
+def test_transient_is_a_bool_and_no_unit(text: str, where: str) -> None:
+    with pytest.raises(SpecError, match=rf"^[\w.]+: {where}: "):
+        parse_spec(text, "toml", device_classes=CLASSES)
 
 
 @pytest.mark.parametrize(("fmt", "text", "expected"), VALID)
