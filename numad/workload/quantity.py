@@ -23,6 +23,9 @@ _SCALE = {
     **{f"{s}i": Decimal(1024**i) for i, s in enumerate("KMGTPE", 1)},
 }
 EXACT = Context(prec=200)  # no rounding at any size a quantity string can spell
+# An integer longer than this is beyond every range numad accepts; TOML and YAML
+# read hexadecimal of any length in linear time, but its Decimal would take minutes.
+MAX_BITS = 256
 
 
 def quantity(text: str) -> Decimal | None:
@@ -37,12 +40,15 @@ def quantity(text: str) -> Decimal | None:
 
 
 def exact_number(value: object) -> Decimal | None:
-    """An exact number from an integer, a finite float or a quantity string."""
+    """An exact number from an integer, a finite float or a quantity string; an
+    integer beyond ``MAX_BITS`` is infinite (out of range, never converted)."""
     if isinstance(value, Decimal):
         return value
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
+        if value.bit_length() > MAX_BITS:  # out of every range: not converted (quadratic)
+            return Decimal("-Infinity") if value < 0 else Decimal("Infinity")
         return Decimal(value)
     if isinstance(value, float):
         return Decimal(repr(value)) if math.isfinite(value) else None

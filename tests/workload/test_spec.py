@@ -274,6 +274,29 @@ INVALID_TRANSIENT = [
 ]
 
 
+HUGE = "0x" + "f" * 1_000_000  # 4 million bits: TOML and YAML read it in linear time
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "where"),
+    [
+        pytest.param("toml", toml(f"cpus = {HUGE}\n"), "cpus", id="toml-cpus"),
+        pytest.param("toml", toml(f"cpus = 1\nmemory = {HUGE}\n"), "memory", id="toml-memory"),
+        pytest.param(
+            "toml", toml(f"cpus = 1\nhugepages-2Mi = {HUGE}\n"), "hugepages-2Mi", id="toml-pages"
+        ),
+        pytest.param(
+            "yaml", f"name: web\ncgroup: numad.slice/web\ncpus: {HUGE}\n", "cpus", id="yaml-cpus"
+        ),
+    ],
+)
+def test_a_huge_number_is_a_spec_error_naming_its_field(fmt: Format, text: str, where: str) -> None:
+    """Before: its conversion to Decimal took ~20 s of the daemon's time, then
+    raised decimal.Overflow (a 500); now it is out of range without converting."""
+    with pytest.raises(SpecError, match=rf"^web: {where}: a huge integer (pages )?is "):
+        parse_spec(text, fmt, device_classes=CLASSES)
+
+
 @pytest.mark.parametrize(("text", "where"), INVALID_TRANSIENT)
 def test_transient_is_a_bool_and_no_unit(text: str, where: str) -> None:
     with pytest.raises(SpecError, match=rf"^[\w.]+: {where}: "):
