@@ -209,10 +209,19 @@ class Metrics:
         """The metrics endpoint on a TCP listener (loopback unless configured otherwise),
         served by a thread until ``shutdown()``; ``page`` answers the other paths it
         knows (the live page, numad.daemon.livepage)."""
-        server = MetricsServer((address, port), self, limits, page)
-        thread = Thread(target=server.serve_forever, name="MetricsServer-accept", daemon=True)
-        thread.start()
-        return server, thread
+        server = self.listen(address, port, limits, page)
+        return server, start_serving(server)
+
+    def listen(
+        self,
+        address: str,
+        port: int,
+        limits: Limits = METRICS_LIMITS,
+        page: Page | None = None,
+    ) -> MetricsServer:
+        """The metrics listener, bound but not answering yet (``start_serving``):
+        numad binds every listener before it touches the host."""
+        return MetricsServer((address, port), self, limits, page)
 
     def set_nodes(self, cpus: Iterable[tuple[int, int, int]]) -> None:
         """(node, allocatable CPUs, exclusively allocated CPUs) per NUMA node."""
@@ -285,3 +294,10 @@ class MetricsServer(BoundedServer, socketserver.TCPServer):
         err = sys.exc_info()[1]
         if not isinstance(err, (ConnectionError, TimeoutError)):
             structlog.get_logger("numad").error("metrics_request_failed", problem=repr(err))
+
+
+def start_serving(server: MetricsServer) -> Thread:
+    """Answer on a bound metrics listener, from a thread, until ``shutdown()``."""
+    thread = Thread(target=server.serve_forever, name="MetricsServer-accept", daemon=True)
+    thread.start()
+    return thread

@@ -35,9 +35,11 @@ from numad.daemon.loops import (
     unit_loop,
     watchdog_loop,
 )
+from numad.daemon.metrics import MetricsServer, start_serving
 from numad.daemon.restore import choose_reserved
 from numad.daemon.root import Daemon
 from numad.daemon.watch import udev_events
+from numad.errors import NumadError
 from numad.host.cgroup import detect_backend
 from numad.host.cgroup.events import CgroupEvents
 from numad.host.scratch import make_scratch_v2
@@ -80,18 +82,47 @@ def build(config: Config, root: str | None) -> Daemon:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """``numad serve``: run until SIGTERM."""
+    """``numad serve``: run until SIGTERM. Every listener is bound before numad touches
+    the host (a port in use fails the start with the host as found), and whatever
+    ends the run gives back what numad changed."""
     config = load(args.config)
     daemon = build(config, args.root)
     lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
+    address = f"{config.metrics_listen}:{config.metrics_port}"
+    try:
+        metrics_server = daemon.metrics.listen(
+            config.metrics_listen, config.metrics_port, page=LivePage(daemon).answer
+        )
+    except OSError as err:
+        lock.release()
+        hint = "stop what listens there, or set [metrics] port (0: any free port)"
+        raise NumadError(address, f"cannot listen for metrics: {err.strerror}", hint) from err
+    try:
+        server = Server(args.socket or daemon.config.paths.socket, daemon)
+    except BaseException:
+        metrics_server.server_close()
+        lock.release()
+        raise
+    try:
+        _run(args, daemon, metrics_server, server)
+    finally:
+        server.server_close()
+        metrics_server.server_close()
+        daemon.stop()  # the cgroups numad isolated get every CPU back
+        lock.release()
+    daemon.log.info("daemon_stopped")
+    return 0
+
+
+def _run(
+    args: argparse.Namespace, daemon: Daemon, metrics_server: MetricsServer, server: Server
+) -> None:
+    """Start on the bound listeners, serve until SIGTERM, stop answering."""
     daemon.start()  # ends with the first reconcile pass
     supervisor = daemon.supervisor
-    metrics_server, _ = daemon.metrics.serve(
-        config.metrics_listen, config.metrics_port, page=LivePage(daemon).answer
-    )
-    daemon.metrics_address = f"{config.metrics_listen}:{metrics_server.server_port}"
+    start_serving(metrics_server)
+    daemon.metrics_address = f"{daemon.config.metrics_listen}:{metrics_server.server_port}"
     daemon.log.info("metrics_listening", address=daemon.metrics_address)
-    server = Server(args.socket or daemon.config.paths.socket, daemon)
     stop = threading.Event()
 
     def shutdown(_sig: int, _frame: object) -> None:
@@ -129,13 +160,11 @@ def serve(args: argparse.Namespace) -> int:
         threading.Thread(target=target, args=loop_args, daemon=True).start()
     daemon.log.info("api_listening", socket=server.server_address)
     notify.ready(f"{len(daemon.specs)} workloads; API on {server.server_address}")
-    server.serve_forever(poll_interval=0.5)
-    server.server_close()
-    metrics_server.shutdown()
-    daemon.stop()  # the cgroups numad isolated get every CPU back
-    lock.release()
-    daemon.log.info("daemon_stopped")
-    return 0
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        stop.set()  # the loops end: nothing writes while numad gives back
+        metrics_server.shutdown()
 
 
 def _reload(daemon: Daemon) -> None:

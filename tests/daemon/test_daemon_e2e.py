@@ -375,6 +375,43 @@ def test_a_killed_numad_run_is_released_once_its_cgroup_is_empty(numad: Numad) -
     _check_invariants(numad)
 
 
+SERVE = [sys.executable, "-m", "numad", "serve"]
+
+
+def test_a_start_that_cannot_listen_leaves_the_host_as_found(numad: Numad) -> None:
+    """Before: numad isolated the host, then failed to bind the metrics port (rc 1,
+    `OSError: Address already in use`) and left system.slice narrowed; under
+    Restart=on-failure that repeated forever. Now every listener is bound first."""
+    numad.stop()
+    scratch_mkdir(numad.cgroups, "system.slice")
+    before = (numad.cgroups / "system.slice/cpuset.cpus").read_text()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        numad.config.write_text(CONFIG.replace("port = 0", f"port = {port}"))
+        done = subprocess.run(
+            [
+                *SERVE,
+                "--root",
+                str(numad.root),
+                "--config",
+                str(numad.config),
+                "--socket",
+                numad.socket,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert f"numad: 127.0.0.1:{port}: cannot listen for metrics: " in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (numad.cgroups / "system.slice/cpuset.cpus").read_text() == before
+    assert "system.slice" not in (numad.root / "var/lib/numad/isolation.json").read_text()
+
+
 def test_declared_workloads_are_admitted_at_start(numad: Numad) -> None:
     declared = numad.root / "etc" / "numad" / "workloads.d"
     declared.mkdir(parents=True)
