@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import state
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
@@ -116,7 +116,8 @@ class Commits:
             self.leave_others(changed)
         owned = {s.cgroup: s.unit for s in held.specs.values() if s.unit is not None}
         self.isolation.own(owned, held.orphans)  # units' placements go through systemd
-        wanted = targets(held.books, held.specs, held.orphans, held.others)
+        memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
+        wanted = targets(held.books, held.specs, held.orphans, held.others, memory or None)
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
         self.isolation.preset(wanted)
         self.place_irqs()

@@ -60,11 +60,14 @@ def targets(
     specs: Mapping[str, WorkloadSpec],
     orphans: Iterable[str],
     others: Iterable[str] = (),
+    every_node: NodeSet | None = None,
 ) -> list[Target]:
     """Every cgroup numad writes, in write order: released cgroups that still exist
     (their processes must leave the CPUs numad hands out next) and the other
     cgroups it isolates (``others``), then each workload's containers. Unplaced
-    workloads hold nothing and follow the pool."""
+    workloads hold nothing and follow the pool. A released cgroup gets ``every_node``
+    (the nodes with memory), so memory numad pinned is free again; the others'
+    memory nodes, and an unpinned workload's, are not touched."""
     pool = books.cpu.shared_pool
     out: list[Target] = []
     owned: set[str] = set()
@@ -79,8 +82,11 @@ def targets(
                 out.append(Target(path, p.cpus.bits, mems, exclusive=True))
             else:
                 out.append(Target(path, pool, mems, exclusive=False))
-    shared = sorted((set(orphans) | set(others)) - owned)
-    released = [Target(p, pool, None, exclusive=False) for p in shared]
+    orphaned = set(orphans) - owned
+    shared = sorted((orphaned | set(others)) - owned)
+    released = [
+        Target(p, pool, every_node if p in orphaned else None, exclusive=False) for p in shared
+    ]
     return released + out
 
 

@@ -379,6 +379,23 @@ def test_a_full_state_disk_still_enforces_what_is_committed(
     assert daemon.ready
 
 
+def test_a_released_cgroup_gets_every_memory_node_back(machines: Machines, tmp_path: Path) -> None:
+    """Before: released cgroups were written with no memory nodes (``mems=None``: left
+    alone), so one numad had pinned stayed on its node after the release."""
+    daemon = recorded_daemon(machines, tmp_path, {"memory": {"policy": "static"}})
+    assert _admit(daemon, "db", 4, memory="1Gi")
+    mems = Path(str(daemon.fs.root)) / "sys/fs/cgroup/numad.slice/db/cpuset.mems"
+    for _ in range(600):  # the mover writes a narrowing in the background; 60 s bound
+        if len(NodeSet.parse_list(mems.read_text())) == 1:
+            break
+        threading.Event().wait(0.1)
+    assert len(NodeSet.parse_list(mems.read_text())) == 1
+    daemon.release("db")
+    daemon.reconcile()
+    assert NodeSet.parse_list(mems.read_text()) == NodeSet([0, 1])
+    assert "numad.slice/db" in daemon.orphans  # still there: it follows the pool
+
+
 # -- stable host settings ---------------------------------------------------------------------
 
 
