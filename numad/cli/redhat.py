@@ -130,28 +130,32 @@ def _options(rest: list[str]) -> tuple[str | None, str | None, str | None]:
 
 
 def advice(cpus: int, mib: int, socket: str | None, root: str | None) -> NodeSet:
-    """The nodes numad would place a guest of ``cpus`` CPUs and ``mib`` MiB on."""
-    spec: dict[str, Any] = {
-        "name": ADVICE_NAME,
-        "cgroup": f"numad.slice/{ADVICE_NAME}",
-        "policy": "best-effort",
-        "cpus": cpus,
-    }
+    """The nodes numad would place a guest of ``cpus`` CPUs and ``mib`` MiB on. A plan
+    makes no cgroup: the spec names one in the first managed root, whichever it is."""
+    spec: dict[str, Any] = {"name": ADVICE_NAME, "policy": "best-effort", "cpus": cpus}
     if mib:
         spec["memory"] = f"{mib}Mi"
-    text = json.dumps(spec)
     path = socket or (None if root else defaults.SOCKET)
     if path is not None and os.path.exists(path):
-        from numad.cli.client import request  # noqa: PLC0415 - the client path stays light
+        from numad.cli.client import APIError, request  # noqa: PLC0415 - the client stays light
 
+        try:
+            health = request(path, "GET", "/v1/health")
+        except APIError as err:  # not ready: it still says where it works
+            health = err.body
+        roots = health.get("managed_roots") or [defaults.MANAGED_ROOT]
+        text = json.dumps({**spec, "cgroup": f"{roots[0].strip('/')}/{ADVICE_NAME}"})
         result = request(path, "POST", "/v1/plan", text, content_type="application/json")
         topology = request(path, "GET", "/v1/topology")
         node_cpus = {int(n): CPUSet(node["cpus"]) for n, node in topology["numa_nodes"].items()}
     else:
+        from numad.daemon.config import load  # noqa: PLC0415
         from numad.daemon.service import plan_offline  # noqa: PLC0415
         from numad.hostfs import HostFS  # noqa: PLC0415 - the daemon's side, offline only
         from numad.topology.discover import discover  # noqa: PLC0415
 
+        roots = load(None).paths.managed_roots
+        text = json.dumps({**spec, "cgroup": f"{roots[0].strip('/')}/{ADVICE_NAME}"})
         result = plan_offline(None, root, text, "application/json")
         topo = discover(HostFS(Path(root).resolve() if root else "/"))
         node_cpus = {n.id: n.cpus for n in topo.nodes}

@@ -66,6 +66,8 @@ class Backend(Protocol):
     @property
     def cgroups(self) -> object: ...
     @property
+    def managed_roots(self) -> tuple[str, ...]: ...
+    @property
     def metrics(self) -> Metrics: ...
     @property
     def metrics_address(self) -> str: ...
@@ -187,6 +189,7 @@ class _Handler(BoundedHandler):
                     "ready": daemon.ready,
                     "problems": daemon.problems,
                     "cgroup_root": str(getattr(daemon.cgroups, "root", "")),
+                    "managed_roots": list(daemon.managed_roots),
                     "metrics": daemon.metrics_address,
                 }
             if not daemon.started:  # started but not ready (checkpoint unwritable): still

@@ -203,6 +203,10 @@ class Daemon:
         self.reconciler.stop()
 
     @property
+    def managed_roots(self) -> tuple[str, ...]:
+        return self.config.paths.managed_roots
+
+    @property
     def ready(self) -> bool:
         """Started, and able to do its job: the checkpoint writable, the cgroup root there."""
         return self.started and not any(self.health.has(k) for k in ("checkpoint", "cgroup-root"))

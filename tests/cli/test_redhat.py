@@ -92,6 +92,24 @@ def test_advice_from_the_running_daemon_admits_nothing(machines: Machines, tmp_p
         daemon.stop()
 
 
+def test_advice_needs_no_numad_slice(machines: Machines, tmp_path: Path) -> None:
+    """Before: the advice's spec named numad.slice, so a daemon managing only
+    libvirt's own machine.slice refused every guest with placement='auto'."""
+    root = tmp_path / "machine"
+    subprocess.run(["cp", "-a", str(machines.root(MACHINE)), str(root)], check=True)
+    config = tmp_path / "numad.toml"
+    config.write_text('[paths]\nmanaged-roots = ["machine.slice"]\n')
+    daemon = Numad(root, config)
+    daemon.start()
+    try:
+        done = _numad("-w", "6:1024", "--socket", daemon.socket)
+        assert done.returncode == 0, done.stderr
+        assert LIBVIRT_NODESET.fullmatch(done.stdout)
+        assert daemon.call("GET", "/v1/workloads")["workloads"] == []
+    finally:
+        daemon.stop()
+
+
 def test_a_guest_nothing_can_hold_prints_nothing_and_fails(machines: Machines) -> None:
     done = _numad("-w", "64:1024", "--root", str(machines.root(MACHINE)))
     assert done.returncode == 1

@@ -62,6 +62,7 @@ class _Stub:
     started: bool = True
     problems: list[str] = field(default_factory=list)
     cgroups: object = None
+    managed_roots: tuple[str, ...] = ("numad.slice",)
     metrics: Metrics = field(default_factory=Metrics)
     metrics_address: str = ""
     log: _Log = field(default_factory=_Log)
