@@ -238,13 +238,26 @@ class Enforcer:
         return progress
 
     def _held(self, path: str, *, empty: int) -> int:
-        """The CPUs a cgroup may still run on: its configured set; every CPU when it
-        cannot be read; ``empty`` when the file is empty (it inherits its parent's)."""
+        """The CPUs a cgroup may still run on: its configured set; ``empty`` when the
+        file is empty (it inherits its parent's). One whose file cannot be read (no
+        cpuset controller there) runs on what its nearest readable ancestor applies;
+        every CPU only when no ancestor can be read either."""
         try:
             cpus, _ = self.cgroups.read(path)
         except NumadError:
-            return -1
+            return self._applied_above(path)
         return cpus.bits if cpus else empty
+
+    def _applied_above(self, path: str) -> int:
+        parts = path.split("/")
+        for depth in range(len(parts) - 1, 0, -1):
+            try:
+                cpus, _ = self.cgroups.read_effective("/".join(parts[:depth]))
+            except NumadError:
+                continue
+            if cpus:
+                return cpus.bits
+        return -1
 
     def write(self, path: str, cpus: int, mems: NodeSet | None, *, exclusive: bool = False) -> bool:
         """Write a cgroup's cpuset unless it already holds this value from numad.

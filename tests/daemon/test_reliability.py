@@ -33,6 +33,7 @@ from numad.daemon.root import Daemon
 from numad.daemon.watch import Event
 from numad.errors import CgroupError, CheckpointError
 from numad.host import durable
+from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.scratch import scratch_mkdir
 from numad.host.systemd_bus import SystemdError
 from numad.observe import Problems
@@ -394,6 +395,33 @@ def test_a_released_cgroup_gets_every_memory_node_back(machines: Machines, tmp_p
     daemon.reconcile()
     assert NodeSet.parse_list(mems.read_text()) == NodeSet([0, 1])
     assert "numad.slice/db" in daemon.orphans  # still there: it follows the pool
+
+
+def test_an_unreadable_cpuset_blocks_only_what_it_may_run_on(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Before: a workload cgroup whose cpuset could not be read (no cpuset controller
+    there) counted as running on every CPU, so no exclusive set anywhere on the host
+    was granted. Now it counts as what its nearest readable ancestor applies."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    node1 = CPUSet.parse_list(
+        (Path(str(daemon.fs.root)) / "sys/devices/system/node/node1/cpulist").read_text()
+    )
+    scratch_mkdir(tree, "numad.slice/pod/a")
+    CgroupV2Backend(tree, ["numad.slice"], emulate_kernel=True).write(
+        "numad.slice/pod", node1, None
+    )  # the pod's own cpuset: its containers run on node 1 at most
+    spec = {"name": "a", "cgroup": "numad.slice/pod/a", "cpus": "500m"}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    for name in ("cpuset.cpus", "cpuset.mems", "cpuset.cpus.effective", "cpuset.mems.effective"):
+        (tree / "numad.slice/pod/a" / name).unlink()  # a has no cpuset controller now
+    daemon.enforcer.written.clear()  # a is written (and fails) again
+    assert _admit(daemon, "db", 4)
+    held = _held(daemon, "db")
+    assert not held & node1  # single-numa-node: node 0 first
+    assert _cpus(daemon, "db") == held  # granted: a cannot run on node 0
+    assert not any(p.startswith("grant:") for p in daemon.health.snapshot())
 
 
 # -- stable host settings ---------------------------------------------------------------------
