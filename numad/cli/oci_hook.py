@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -67,10 +68,15 @@ class Container:
 
     @property
     def workload(self) -> str:
-        """The workload's name: ``oci-`` and the id (its first 12 characters, as docker
-        shortens them, when the whole id does not fit a name)."""
+        """The workload's name: ``oci-`` and the id. An id that is not a name as it
+        stands (upper case, other characters) or does not fit one is folded or cut (to
+        its first 12 characters, as docker shortens them) and gets a hash of the whole
+        id: ``Web`` and ``web`` are two workloads."""
         clean = _NOT_NAME.sub("-", self.id.lower()).strip("-._")
-        return f"oci-{clean if len(clean) <= 59 else clean[:12]}"
+        if clean == self.id and len(clean) <= 59:
+            return f"oci-{clean}"
+        digest = hashlib.sha256(self.id.encode()).hexdigest()[:10]
+        return f"oci-{clean[:12] if len(clean) > 48 else clean}-{digest}".replace("--", "-")
 
     def section(self, *keys: str) -> Mapping[str, Any]:
         """A table of ``config.json`` (``linux``, ``resources``, ...), empty where absent."""

@@ -9,6 +9,7 @@ A real runtime (runc) running the hook on a real kernel: tests/vm/guest/oci.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -414,10 +415,22 @@ def test_proc_cgroup(text: str, cgroup: str | None) -> None:
 @pytest.mark.parametrize(
     ("cid", "name"),
     [
-        pytest.param("a" * 64, "oci-" + "a" * 12, id="hex-id-shortened"),
-        pytest.param("My:Ctr_1", "oci-my-ctr_1", id="upper-and-colon"),
+        pytest.param("a" * 64, r"oci-a{12}-[0-9a-f]{10}", id="hex-id-shortened"),
+        pytest.param("My:Ctr_1", r"oci-my-ctr_1-[0-9a-f]{10}", id="upper-and-colon"),
         pytest.param("x" * 59, "oci-" + "x" * 59, id="longest-whole"),
+        pytest.param("web", "oci-web", id="a-name-as-it-stands"),
+        pytest.param("::", r"oci-[0-9a-f]{10}", id="nothing-left"),
     ],
 )
 def test_workload_names(cid: str, name: str) -> None:
-    assert Container(cid, "created", 1, "/b", {}, {}).workload == name
+    got = Container(cid, "created", 1, "/b", {}, {}).workload
+    assert re.fullmatch(name, got)
+    assert re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", got)  # a workload name
+
+
+def test_ids_that_fold_alike_are_different_workloads() -> None:
+    """Before: ``Web`` and ``web`` folded to one name, and ``web``'s poststop released
+    ``Web``'s placement."""
+    ids = ["Web", "web", "WEB", "w:eb", "w.eb", "a" * 64, "a" * 63 + "b", "x" * 60, "x" * 61]
+    names = {Container(cid, "created", 1, "/b", {}, {}).workload for cid in ids}
+    assert len(names) == len(ids)
