@@ -41,19 +41,25 @@ class Supervisor:
         self.problems = problems
         self.clock = clock
         self.progress: dict[str, float] = {}  # loop -> when a pass last succeeded
+        self.failing: dict[str, str] = {}  # loop -> how its last pass failed
 
     def run_once(self, loop: str, body: Callable[[], object]) -> bool:
-        """One pass of ``loop``; True when it succeeded. Never raises an Exception."""
+        """One pass of ``loop``; True when it succeeded. Never raises an Exception. A
+        failure is counted every pass but logged once while it stays the same (with its
+        traceback); the pass that succeeds again says so."""
         try:
             body()
         except Exception as err:
             self.metrics.loop_errors.labels(loop).inc()
-            self.problems.set(
-                f"loop:{loop}", f"{loop} loop: {type(err).__name__}: {err}; retried next pass"
-            )
-            self.log.exception("loop_failed", loop=loop, problem=repr(err))
+            problem = f"{type(err).__name__}: {err}"
+            self.problems.set(f"loop:{loop}", f"{loop} loop: {problem}; retried next pass")
+            if self.failing.get(loop) != problem:
+                self.log.exception("loop_failed", loop=loop, problem=repr(err))
+            self.failing[loop] = problem
             return False
         self.problems.clear(f"loop:{loop}")
+        if self.failing.pop(loop, None) is not None:
+            self.log.info("loop_recovered", loop=loop)
         self.progress[loop] = self.clock()
         return True
 

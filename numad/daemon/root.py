@@ -208,8 +208,10 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        """Started, and able to do its job: the checkpoint writable, the cgroup root there."""
-        return self.started and not any(self.health.has(k) for k in ("checkpoint", "cgroup-root"))
+        """Started, and able to do its job: the checkpoint writable, the cgroup root
+        there, the last reconcile pass done."""
+        blocking = ("checkpoint", "cgroup-root", "loop:reconcile")
+        return self.started and not any(self.health.has(k) for k in blocking)
 
     @property
     def problems(self) -> list[str]:

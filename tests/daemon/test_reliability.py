@@ -109,6 +109,32 @@ def test_a_failing_reconcile_pass_is_counted_shown_and_the_next_one_clears_it(
     assert daemon.problems == []
 
 
+def test_a_reconcile_that_keeps_failing_is_logged_once_and_numad_is_not_ready(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Before: the same exception was logged with its traceback every pass (20 in
+    20 s) and /v1/health stayed ready while no pass succeeded."""
+    daemon = recorded_daemon(machines, tmp_path)
+    log = _Log()
+    supervisor = Supervisor(log, daemon.metrics, daemon.health)
+    passes = [0]
+
+    def failing() -> None:
+        passes[0] += 1
+        if passes[0] <= 5:
+            raise RuntimeError("a bug")
+        daemon.reconcile()
+
+    for _ in range(5):
+        assert not supervisor.run_once("reconcile", failing)
+        assert not daemon.ready
+    assert log.events.count("loop_failed") == 1
+    assert _loop_errors(daemon, "reconcile") == 5  # every failure is counted
+    assert supervisor.run_once("reconcile", failing)
+    assert daemon.ready
+    assert log.events.count("loop_recovered") == 1
+
+
 def test_the_hotplug_loop_survives_a_failing_rediscovery() -> None:
     log, stop, calls = _Log(), threading.Event(), []
 
