@@ -56,8 +56,9 @@ from numad.workload.spec import load_spec, parse_spec
 
 __all__ = ["Cgroups", "Daemon", "Log"]
 
-# SIGTERM to exit within 2 s: systemd gets this long to take back what it was told.
-STOP_SYSTEMD_SECONDS = 1.0
+# SIGTERM to exit within 2 s: each give-back waits this long for systemd, and a
+# systemd that lets one go unanswered is asked nothing more (``Systemd.hurry``).
+STOP_SYSTEMD_SECONDS = 1.5
 
 
 class Daemon:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import socket
 import struct
@@ -190,7 +189,8 @@ class Systemd:
         self.clock = time.monotonic
         self._backoff = 0.0
         self._quiet_until = 0.0
-        self._until = math.inf  # numad stops: no call waits past this (``hurry``)
+        self._stop_wait: float | None = None  # numad stops: each call's bound (``hurry``)
+        self._gave_up = False  # numad stops and a call got no answer: ask no more
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -282,11 +282,13 @@ class Systemd:
             self._stream = None
 
     def hurry(self, seconds: float) -> None:
-        """numad stops: a call waiting on systemd ends now, and every call from now
-        on ends within ``seconds`` of this moment, answered or not (a peer in its
-        backoff is asked once more: what numad gives back at stop is worth a try).
-        Safe from any thread: it does not wait for the call under way."""
-        self._until = time.monotonic() + seconds
+        """numad stops: a call waiting on systemd ends now; each later call (what
+        numad gives back) waits at most ``seconds`` for its answer, even to a peer in
+        its backoff; once one of them gets none, systemd is stuck and every later call
+        fails at once. So a stuck systemd holds the stop for ``seconds`` in all, and a
+        slow one that answers is still told everything. Safe from any thread: it does
+        not wait for the call under way."""
+        self._stop_wait = seconds
         stream = self._stream
         if stream is not None:
             stream.interrupt()
@@ -330,8 +332,11 @@ class Systemd:
         """The reply to ``message``; a lost or stalled connection raises and is closed."""
         member = message.header.fields.get(HeaderFields.member)
         with self._turn:
+            if self._gave_up:
+                problem = f"numad is stopping: not asking {member}: {self.address} did not answer"
+                raise SystemdError(name, problem)
             left = self._quiet_until - self.clock()
-            if left > 0 and self._until == math.inf:
+            if left > 0 and self._stop_wait is None:
                 problem = (
                     f"not asking {member}: {self.address} did not answer; again in {left:.1f} s"
                 )
@@ -351,20 +356,33 @@ class Systemd:
     def _reconnect(self, name: str, member: object) -> None:
         """A new stream where the last one failed (it may have held half a call)."""
         try:
-            timeout = min(self.timeout, self._until - time.monotonic())
-            self._stream = _Stream.open(self._path, timeout, peer=self._peer)
+            self._stream = _Stream.open(self._path, self._wait, peer=self._peer)
         except (OSError, ValueError) as err:
+            self._gave_up = self._stop_wait is not None and isinstance(err, TimeoutError)
             problem = f"cannot call {member}: the connection to {self.address} is lost ({err})"
             raise SystemdError(name, problem) from err
         if not self._peer and not self._hello():
             raise SystemdError(name, f"cannot call {member}: {self.address} refused Hello")
 
+    @property
+    def _wait(self) -> float:
+        """How long a call may wait for its answer: shorter once numad stops."""
+        return self.timeout if self._stop_wait is None else min(self.timeout, self._stop_wait)
+
     def _exchange(self, name: str, member: object, stream: _Stream, message: Message) -> Message:
+        stopping = self._stop_wait is not None  # asked after ``hurry``: a give-back
         try:
-            reply: Message = stream.call(message, min(time.monotonic() + self.timeout, self._until))
+            reply: Message = stream.call(message, time.monotonic() + self._wait)
         except (OSError, ValueError) as err:  # ValueError: jeepney could not parse a message
             self.close()
-            if self._until != math.inf:
+            if stopping and isinstance(err, TimeoutError):
+                self._gave_up = True
+                problem = (
+                    f"numad is stopping: no reply to {member} from {self.address}"
+                    f" within {self._wait:g} s"
+                )
+                raise SystemdError(name, problem) from err
+            if self._stop_wait is not None:
                 problem = f"numad is stopping: gave up waiting for {member} from {self.address}"
                 raise SystemdError(name, problem) from err
             if isinstance(err, TimeoutError):
