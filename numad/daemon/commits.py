@@ -114,8 +114,7 @@ class Commits:
             self.find_others(listing)
         else:
             self.leave_others(changed)
-        owned = {s.cgroup: s.unit for s in held.specs.values() if s.unit is not None}
-        self.isolation.own(owned, held.orphans)  # units' placements go through systemd
+        self.isolation.own(self.units(), held.orphans)  # units' placements go through systemd
         memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
         wanted = targets(held.books, held.specs, held.orphans, held.others, memory or None)
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
@@ -225,8 +224,13 @@ class Commits:
             self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 
+    def units(self) -> dict[str, str]:
+        """The workloads' units: their cgroup -> unit."""
+        return {s.cgroup: s.unit for s in self.held.specs.values() if s.unit is not None}
+
     def settle_orphans(self) -> None:
-        """Forget released cgroups that are gone (or belong to a workload again)."""
+        """Forget released cgroups that are gone (or belong to a workload again); a
+        released unit among them has its runtime settings reset now, not a pass later."""
         held = self.held
         owned = held.owned()
         settled = {p for p in held.orphans if p in owned or self.enforcer.exists(p) is False}
@@ -240,3 +244,4 @@ class Commits:
                 return
             for path in settled - owned:
                 self.enforcer.forget(path)
+            self.isolation.own(self.units(), held.orphans)

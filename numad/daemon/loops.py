@@ -113,10 +113,12 @@ def cgroup_loop(
     open_events: Callable[[], CgroupEvents],
     isolate_new: Callable[[list[str]], object],
     stop: threading.Event,
+    wake_reconcile: threading.Event | None = None,
 ) -> None:
     """Isolate each cgroup as it appears in the managed roots (inotify), not at the
-    next reconcile pass, which stays the safety net. Without inotify numad runs on
-    the passes alone (said once)."""
+    next reconcile pass, which stays the safety net; one removed wakes the reconcile
+    loop (a released unit's settings reset, a vanished workload's grace started).
+    Without inotify numad runs on the passes alone (said once)."""
     try:
         events = open_events()
     except (OSError, NumadError) as err:
@@ -127,6 +129,10 @@ def cgroup_loop(
             found = events.read(0.25)
             if found:
                 supervisor.run_once("cgroups", partial(isolate_new, found))
+            if events.removed:
+                events.removed.clear()
+                if wake_reconcile is not None:
+                    wake_reconcile.set()
     finally:
         events.close()
 

@@ -151,7 +151,7 @@ def _run(
     cgroup_root = getattr(daemon.cgroups, "root", None)
     if cgroup_root is not None:
         watch = partial(CgroupEvents, Path(cgroup_root), list(daemon.config.paths.managed_roots))
-        loops.append((cgroup_loop, (supervisor, watch, daemon.isolate_new, stop)))
+        loops.append((cgroup_loop, (supervisor, watch, daemon.isolate_new, stop, wake)))
     if args.root is None:  # a recorded machine has no kernel to send uevents
         loops.append((hotplug_loop, (supervisor, udev_events, daemon.rediscover, stop)))
     if watchdog:

@@ -100,6 +100,50 @@ def test_a_chain_deeper_than_the_bound_is_not_followed(tmp_path: Path) -> None:
         events.close()
 
 
+def test_a_removed_cgroup_is_reported_and_wakes_the_reconcile_loop(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A unit stopped, a container gone: the daemon releases and resets on the pass
+    the removal wakes, not at the end of the period."""
+    (tmp_path / "numad.slice/a/inner").mkdir(parents=True)
+    (tmp_path / "system.slice/x").mkdir(parents=True)
+    events = CgroupEvents(tmp_path, ["numad.slice"])
+    try:
+        (tmp_path / "numad.slice/a/inner").rmdir()
+        (tmp_path / "system.slice/x").rmdir()  # not in a managed root: not watched
+        deadline = time.monotonic() + 10  # a bound for a hung test, not a speed goal
+        while time.monotonic() < deadline and not events.removed:
+            events.read(0.2)
+        assert events.removed == ["numad.slice/a/inner"]
+    finally:
+        events.close()
+    wake, stop = threading.Event(), threading.Event()
+    found: list[list[str]] = []
+    opened: list[CgroupEvents] = []
+
+    def open_events() -> CgroupEvents:
+        opened.append(CgroupEvents(tmp_path, ["numad.slice"]))
+        return opened[0]
+
+    daemon = recorded_daemon(machines, tmp_path / "daemon")
+    supervisor = Supervisor(daemon.log, daemon.metrics, daemon.health)
+    loop = threading.Thread(
+        target=cgroup_loop, args=(supervisor, open_events, found.append, stop, wake)
+    )
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not opened and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (tmp_path / "numad.slice/a").rmdir()
+        assert wake.wait(10), "the removal did not wake the reconcile loop"
+        assert found == []  # nothing made: nothing to isolate
+    finally:
+        stop.set()
+        loop.join(5)
+    assert not loop.is_alive()
+
+
 def test_a_new_cgroup_is_isolated_before_any_reconcile_pass(
     machines: Machines, tmp_path: Path
 ) -> None:

@@ -348,7 +348,8 @@ def test_hurry_ends_the_call_under_way_and_bounds_the_next(fake: FakeSystemd) ->
     fake.delay = 0.0
     fake.stall.set()
     start = time.monotonic()
-    with pytest.raises(SystemdError, match=r"numad is stopping: no reply to SetUnitProperties .* within 0.5 s"):
+    unanswered = r"numad is stopping: no reply to SetUnitProperties .* within 0.5 s"
+    with pytest.raises(SystemdError, match=unanswered):
         systemd.set_allowed("web.service", CPUSet([1]), None)
     with pytest.raises(SystemdError, match=r"numad is stopping: not asking SetUnitProperties"):
         systemd.set_allowed("web.service", CPUSet([2]), None)  # stuck: not asked again

@@ -8,8 +8,10 @@ its children made before its watch was in place are reported by a listing of it.
 Directories ``MAX_DEPTH`` levels or more below the hierarchy's root are neither
 watched nor reported (the reconcile pass names them in health). A new top-level
 cgroup beside the managed roots (``machine.slice`` at the first VM) is reported too,
-not followed: numad isolates it as a whole. A scratch tree is plain directories:
-the same events.
+not followed: numad isolates it as a whole. A watched directory that is removed
+(``rmdir``: a unit stopped, a container gone) is reported in ``removed``, so the
+daemon releases and resets at once instead of at its next pass. A scratch tree is
+plain directories: the same events.
 
 The standard library has no inotify; three libc calls through ctypes. Cost: one
 watch per directory of the managed roots (the kernel's inotify limits apply:
@@ -57,6 +59,7 @@ class CgroupEvents:
             raise CgroupError(str(root), f"cannot watch for new cgroups: {os.strerror(err)}")
         self._paths: dict[int, str] = {}  # watch -> cgroup path ("" for the root)
         self.overflows = 0  # times the kernel's queue overflowed and events were lost
+        self.removed: list[str] = []  # watched cgroups removed since the caller looked
         self._follow("", [])
 
     def close(self) -> None:
@@ -84,8 +87,10 @@ class CgroupEvents:
             offset += _HEADER.size + size
             if mask & IN_Q_OVERFLOW:
                 overflowed = True
-            elif mask & IN_IGNORED:
-                self._paths.pop(wd, None)  # the directory is gone
+            elif mask & IN_IGNORED:  # the directory is gone (numad removes no watch)
+                gone = self._paths.pop(wd, None)
+                if gone and self._inside(gone):
+                    self.removed.append(gone)
             elif mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) and wd in self._paths:
                 self._follow(_join(self._paths[wd], os.fsdecode(name)), found)
         if overflowed:
@@ -102,6 +107,9 @@ class CgroupEvents:
         """Whether a reported cgroup is a top-level one (beside the managed roots)."""
         return "/" not in path
 
+    def _inside(self, path: str) -> bool:
+        return any(path == m or path.startswith(m + "/") for m in self.managed)
+
     def _follow(self, path: str, found: list[str]) -> None:
         """Watch ``path`` where it is in a managed root (with every directory below it,
         each reported in ``found``) or above one (and look into it: what leads to a
@@ -109,7 +117,7 @@ class CgroupEvents:
         pending = [path]
         while pending:
             here = pending.pop()
-            inside = any(here == m or here.startswith(m + "/") for m in self.managed)
+            inside = self._inside(here)
             above = here == "" or any(m.startswith(here + "/") for m in self.managed)
             if here and "/" not in here and not (inside or above):
                 found.append(here)  # a new top-level cgroup: reported, not followed
