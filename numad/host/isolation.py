@@ -109,6 +109,7 @@ class Isolation:
             self.state_dir,
             self.log,
             read,
+            empty=self._empty,
             problems=self.problems,
             sleep=self.sleep,
             stopping=self.stopping,
@@ -312,12 +313,20 @@ class Isolation:
             elif self._backend(path).exists(path):
                 self._backend(path).write(path, every, None)
                 if not cpus and not self.v1:  # inherit again where the kernel allows it
-                    with contextlib.suppress(NumadError):
-                        self._backend(path).write(path, cpus, None)
+                    self._empty(path)
         except NumadError as err:
             return f"{path}: cannot give its cpuset back: {err}"
         self.log.info("cgroup_isolation_ended", cgroup=path, cpus=own.get("cpus") or "all")
         return None
+
+    def _empty(self, path: str) -> bool:
+        """Empty the cgroup's cpuset.cpus (it inherits its parent's again); False
+        where the kernel refuses: v2 does for a cgroup with tasks (ENOSPC)."""
+        try:
+            self._backend(path).write(path, CPUSet(), None)
+        except NumadError:
+            return False
+        return True
 
     def _save(self) -> None:
         data = json.dumps({"version": 1, "cgroups": self.originals}, sort_keys=True).encode()

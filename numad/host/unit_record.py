@@ -15,6 +15,11 @@ and no CPU in it is granted exclusively meanwhile (``numad.host.isolation``).
 
 Before its first change to a unit, the unit's own ``AllowedCPUs=`` is kept in
 ``units.json`` (durably, one small file), so a numad that crashed still resets it.
+A unit that had none gets every online CPU first, then its property reset, only
+where the kernel lets its cgroup's ``cpuset.cpus`` become empty again: cgroup v2
+refuses that to a cgroup with tasks (ENOSPC), and so does systemd's reset, which
+it logs as a failure on every stop. There the unit keeps ``AllowedCPUs=`` every
+online CPU, which is what its cgroup holds (until the next boot: runtime only).
 Cost: per isolated unit whose value changed; nothing per cgroup under a managed root
 that is not a unit.
 """
@@ -85,6 +90,7 @@ class UnitRecord:
         log: Log,
         read: Callable[[str], CPUSet],
         *,
+        empty: Callable[[str], bool] = lambda path: True,
         problems: Problems | None = None,
         sleep: Callable[[float], None] = time.sleep,
         stopping: threading.Event | None = None,
@@ -94,6 +100,7 @@ class UnitRecord:
         self.stopping = stopping or threading.Event()  # numad stops: no more waiting
         self.log = log
         self.read = read  # a cgroup's cpuset.cpus as the kernel holds it
+        self.empty = empty  # empties a cgroup's cpuset.cpus; False: the kernel refused
         self.sleep = sleep
         self.lock = threading.Lock()  # the daemon's side and the sender's, briefly
         self.round = threading.RLock()  # held for a whole round, and for a give-back
@@ -261,8 +268,8 @@ class UnitRecord:
 
     def give_back(self, path: str, online: CPUSet) -> None:
         """The unit's own AllowedCPUs= again; with ``online``, every CPU first where it
-        had none (v2 refuses an empty cpuset.cpus in a cgroup with tasks, and so does
-        systemd's reset: numad puts every CPU in the file, then unsets the property)."""
+        had none, and the property unset only where the kernel empties its cgroup's
+        cpuset.cpus (not with tasks in it: see the module's doc)."""
         with self.round:
             self._give_back(path, online)
 
@@ -284,6 +291,10 @@ class UnitRecord:
         cpus = CPUSet.parse_list(own["cpus"])
         if not cpus and online:
             self.systemd.set_allowed(own["unit"], online, None, runtime=True)
+            if not self.empty(path):  # tasks in it: systemd's reset would fail too
+                self.log.info("unit_left_on_every_cpu", unit=own["unit"], cpus=str(online))
+                self._forget(path)
+                return
         self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
         self._forget(path)
 

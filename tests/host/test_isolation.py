@@ -4,7 +4,6 @@ CPU back when numad stops. On the recorded 2-socket machine with a scratch v2 tr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from pathlib import Path
@@ -196,6 +195,7 @@ class FakeSystemd:
         self.hurried: float | None = None  # numad stopped: the seconds it gave systemd
         self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
         self.unloaded: set[str] = set()  # stopped and unloaded by systemd's GC
+        self.refused: list[str] = []  # what systemd could not write: it logs each
 
     def unit(self, name: str) -> str | None:
         known = name in self.units and name not in self.unloaded
@@ -255,8 +255,10 @@ class FakeSystemd:
 
     def apply(self, name: str, cpus: CPUSet, mems: NodeSet | None) -> None:
         path = self.units[name].lstrip("/")
-        with contextlib.suppress(CgroupError):  # ENOSPC: systemd logs it and goes on
+        try:
             CgroupV2Backend(self.tree, [path], emulate_kernel=True).write(path, cpus, mems)
+        except CgroupError as err:  # ENOSPC: systemd logs it and goes on
+            self.refused.append(f"{name}: {err}")
 
 
 def _tell_systemd(daemon: Daemon) -> None:
@@ -442,17 +444,26 @@ def test_a_cgroup_with_tasks_gets_every_cpu_back_though_v2_refuses_an_empty_cpus
     machines: Machines, tmp_path: Path
 ) -> None:
     """v2 answers ENOSPC to an empty cpuset.cpus in a cgroup with tasks (the scratch
-    kernel too): systemd's own reset fails there, seen under the real systemd."""
+    kernel too): systemd's own reset fails there, and systemd logged it on every
+    stop, seen under the real systemd. A unit with tasks keeps every online CPU as
+    its property, what its cgroup holds; one without gets its property unset."""
     daemon = _host_tree(machines, tmp_path)
+    scratch_mkdir(_tree(daemon), "idle.slice")
     (_tree(daemon) / "system.slice/cgroup.procs").write_text("1\n")
-    fake = FakeSystemd(_tree(daemon), {"init.scope": "/init.scope"})
+    fake = FakeSystemd(_tree(daemon), {"init.scope": "/init.scope", "idle.slice": "/idle.slice"})
     (_tree(daemon) / "init.scope/cgroup.procs").write_text("1\n")
     daemon.isolation.systemd = fake
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     assert _cpus(daemon, "system.slice") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon.reconcile()  # idle.slice, made after the start, is isolated too
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["idle.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
     daemon.stop()
     online = daemon.topology.online_cpus
     assert _cpus(daemon, "system.slice") == online  # every CPU, not numad's pool
     assert _cpus(daemon, "init.scope") == online
-    assert fake.allowed_cpus["init.scope"] == CPUSet()  # the property unset, as before
+    assert fake.allowed_cpus["init.scope"] == online  # tasks: as its cgroup holds
+    assert fake.allowed_cpus["idle.slice"] == CPUSet()  # no tasks: unset, as before
+    assert (_tree(daemon) / "idle.slice/cpuset.cpus").read_text().strip() == ""
+    assert fake.refused == []  # nothing for systemd to fail at and log
     assert not daemon.problems
