@@ -230,6 +230,8 @@ class Reconciler:
         held.stopping.set()  # a pass under way ends its writes and lets go of the lock
         with held.lock:
             held.stopped = True
-            self.commits.end_isolation()
-            self.commits.end_irqs()
+            try:
+                self.commits.end_isolation()
+            finally:  # whatever that met, the interrupts get theirs back too
+                self.commits.end_irqs()
         self.migrations.stop()  # outside the lock: the mover's report takes it

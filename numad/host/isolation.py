@@ -345,7 +345,12 @@ class Isolation:
             problems += self.record.give_all_back(self.online)
         if not problems:
             self.originals = {}
-            self._save()
+            try:
+                self._save()
+            except CheckpointError as err:  # every cgroup is back: only the record stays
+                problems.append(
+                    f"the isolation record still lists them (the next numad rechecks): {err}"
+                )
         self.isolated = set()
         return problems
 

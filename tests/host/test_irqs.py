@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
+
+import pytest
 
 from numad.cpuset import CPUSet
 from numad.daemon.root import Daemon
+from numad.host import durable, irqs, isolation
 from tests.conftest import Machines, recorded_daemon
 
 IRQS = {"1": "0-31", "9": "4", "24": "0-3", "30": "8-11"}  # irq: its own affinity
@@ -74,3 +78,20 @@ def test_interrupts_are_left_alone_by_default(machines: Machines, tmp_path: Path
         assert _affinity(proc, irq) == CPUSet.parse_list(own)
     assert not (daemon.state_dir / "irqs.json").exists()
     assert os.readlink(proc / "40/smp_affinity_list") == "real"
+
+
+def test_a_full_state_disk_at_stop_still_gives_every_interrupt_back(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: clearing the isolation record on a full disk raised out of the stop,
+    and the interrupts kept numad's affinity."""
+    daemon = recorded_daemon(machines, tmp_path, {"host": {"irq-affinity": True}})
+    proc = _proc_irq(daemon)
+    _admit(daemon, "db", 8)
+    assert _affinity(proc, "1") != CPUSet.parse_list(IRQS["1"])
+    full = partial(durable.write_file, syscalls=durable.Syscalls.injecting(durable.Fault.ENOSPC))
+    monkeypatch.setattr(isolation, "write_file", full)
+    monkeypatch.setattr(irqs, "write_file", full)
+    daemon.stop()
+    for irq, own in IRQS.items():
+        assert _affinity(proc, irq) == CPUSet.parse_list(own), irq
