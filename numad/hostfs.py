@@ -199,6 +199,31 @@ _NOT_REGULAR = {
 }
 
 
+class NotRegularFileError(OSError):
+    """A FIFO, socket, device or directory where a regular file was expected."""
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of the regular file ``path`` (more than ``limit``:
+    the caller's "too large"), links followed. Opened with O_NONBLOCK, so a FIFO in
+    its place (``mkfifo checkpoint.json``) does not block the open until a writer
+    comes; anything but a regular file raises ``NotRegularFileError`` before any read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            what = _NOT_REGULAR.get(kind, "not a file")
+            raise NotRegularFileError(errno.EINVAL, f"{what}, not a regular file")
+        while size <= limit and (chunk := os.read(fd, min(65536, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def _read(real: str, path: str) -> bytes:
     """The bytes of the regular file ``real`` (host ``path``, named in errors).
 

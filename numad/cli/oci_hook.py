@@ -32,7 +32,7 @@ from typing import Any
 from numad import defaults
 from numad.cli.client import APIError, request
 from numad.errors import CgroupError, ConfigError, NumadError, SpecError, WorkloadError
-from numad.hostfs import HostFS
+from numad.hostfs import HostFS, read_regular
 from numad.workload.quantity import is_whole, quantity
 from numad.workload.units import slice_cgroup
 
@@ -43,6 +43,7 @@ CREATE_STAGES = ("createRuntime", "prestart")  # both run in the runtime's names
 POSTSTOP = "poststop"
 DEFAULT_PERIOD = 100_000  # microseconds, the kernel's cpu.max default
 _MAX_STATE = 1 << 20
+_MAX_CONFIG = 16 << 20  # a bundle's config.json larger than this is not one
 _MAX_REASON = 600
 _CPUS_HINT = 'use a whole number of CPUs, or "500m" for the shared pool'
 _CPUS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,12})?m?")
@@ -156,10 +157,13 @@ def read_container(text: str) -> Container:
     if not isinstance(bundle, str) or not bundle.startswith("/"):
         raise ConfigError(subject, f"container {cid[:12]}: no absolute bundle path")
     pid, path = state.get("pid", 0), Path(bundle, "config.json")
-    try:
-        config = _json_object(path.read_text(encoding="utf-8"), str(path))
+    try:  # O_NONBLOCK: a FIFO in its place is refused, not waited on
+        data = read_regular(path, _MAX_CONFIG)
     except OSError as err:
         raise ConfigError(str(path), f"cannot read: {err.strerror}") from err
+    if len(data) > _MAX_CONFIG:
+        raise ConfigError(str(path), f"longer than {_MAX_CONFIG} bytes")
+    config = _json_object(data.decode("utf-8", errors="replace"), str(path))
     annotations = {**_strings(config.get("annotations")), **_strings(state.get("annotations"))}
     status = status if isinstance(status, str) else ""
     return Container(

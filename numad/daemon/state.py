@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CheckpointError
 from numad.host.durable import SYSCALLS, Syscalls, write_file
+from numad.hostfs import NotRegularFileError, read_regular
 from numad.placement.admission import Books
 from numad.placement.managers.memory import Block
 
@@ -303,20 +304,28 @@ def read(directory: Path) -> tuple[Checkpoint | None, str | None]:
     """The checkpoint, or (None, why) when there is none or it was unreadable and moved aside."""
     target = directory / FILE
     try:
-        with target.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_regular(target, MAX_BYTES)
     except FileNotFoundError:
         return None, None
+    except NotRegularFileError as err:  # a FIFO or a directory in its place: never opened twice
+        return None, _keep_aside(
+            target, CheckpointError(str(target), f"unreadable: {err.strerror}")
+        )
     except OSError as err:
         raise CheckpointError(str(target), f"cannot read: {_cause(err)}") from err
     try:
         return decode(data, str(target)), None
     except CheckpointError as err:
-        aside = directory / f"{FILE}.corrupt.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}"
-        try:
-            os.replace(target, aside)
-        except OSError as move:
-            raise CheckpointError(
-                str(target), f"{err.problem}; cannot move it aside: {_cause(move)}"
-            ) from move
-        return None, f"{err}; kept aside as {aside}"
+        return None, _keep_aside(target, err)
+
+
+def _keep_aside(target: Path, err: CheckpointError) -> str:
+    """Move an unreadable checkpoint aside (never delete it); why, and where it is."""
+    aside = target.with_name(f"{FILE}.corrupt.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}")
+    try:
+        os.replace(target, aside)
+    except OSError as move:
+        raise CheckpointError(
+            str(target), f"{err.problem}; cannot move it aside: {_cause(move)}"
+        ) from move
+    return f"{err}; kept aside as {aside}"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from numad.errors import CheckpointError
+from numad.hostfs import read_regular
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -99,6 +100,7 @@ class Syscalls:
 
 _AFTER_HALF = {Fault.STALLED_WRITE, *_WRITE_ERRNO}
 SYSCALLS = Syscalls()
+MAX_RECORD_BYTES = 16 << 20  # a JSON record larger than this is garbage, not read whole
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -205,7 +207,10 @@ def read_json(directory: Path, name: str) -> tuple[Any, str | None]:
     it is unreadable, after moving it aside (``NAME.corrupt.TIME``), never deleting it."""
     path = directory / name
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        data = read_regular(path, MAX_RECORD_BYTES)
+        if len(data) > MAX_RECORD_BYTES:
+            raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
+        return json.loads(data.decode("utf-8")), None
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as err:

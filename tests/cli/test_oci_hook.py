@@ -9,9 +9,11 @@ A real runtime (runc) running the hook on a real kernel: tests/vm/guest/oci.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ from typing import Any
 import pytest
 
 from numad.cli.demo import CONFIG, MACHINE
-from numad.cli.oci_hook import Container, _from_cgroups_path, _from_proc
+from numad.cli.oci_hook import Container, _from_cgroups_path, _from_proc, read_container
 from numad.cpuset import CPUSet
+from numad.errors import ConfigError
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines
 from tests.daemon.test_daemon_e2e import Numad
@@ -434,3 +437,29 @@ def test_ids_that_fold_alike_are_different_workloads() -> None:
     ids = ["Web", "web", "WEB", "w:eb", "w.eb", "a" * 64, "a" * 63 + "b", "x" * 60, "x" * 61]
     names = {Container(cid, "created", 1, "/b", {}, {}).workload for cid in ids}
     assert len(names) == len(ids)
+
+
+def test_a_config_json_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Before: the hook opened the FIFO and waited for a writer that never came,
+    holding the container's start (a hook has no deadline of its own in runc)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    os.mkfifo(bundle / "config.json")
+    state = json.dumps({"id": "ctr", "bundle": str(bundle), "pid": 1})
+    answer: list[BaseException] = []
+    reader = threading.Thread(target=lambda: _catch(answer, state), daemon=True)
+    reader.start()
+    reader.join(30)  # a bound for a hung test: the blocking open waits forever
+    if reader.is_alive():  # let it go (a writer ends the open) before failing
+        os.close(os.open(bundle / "config.json", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("the hook waits on the FIFO")
+    assert len(answer) == 1
+    assert isinstance(answer[0], ConfigError)
+    assert "a FIFO, not a regular file" in str(answer[0])
+
+
+def _catch(into: list[BaseException], state: str) -> None:
+    try:
+        read_container(state)
+    except ConfigError as err:
+        into.append(err)

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -105,6 +106,37 @@ def test_unreadable_checkpoint_is_kept_aside(
     assert why is not None
     assert problem in why
     _assert_kept_aside(tmp_path, damage(original))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_checkpoint_that_is_no_file_is_kept_aside_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """Before: a FIFO named checkpoint.json hung the start in open() (no writer ever
+    comes), and a directory stopped numad ("cannot read: Is a directory")."""
+    target = tmp_path / state.FILE
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+        (target / "inside").write_text("kept\n")
+    answer: list[tuple[object, str | None]] = []
+    reader = threading.Thread(target=lambda: answer.append(state.read(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(30)  # a bound for a hung test: the blocking open waits forever
+    if reader.is_alive():  # let it go (a writer ends the open) before failing
+        os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading the checkpoint waits on the FIFO")
+    (loaded, why) = answer[0]
+    assert loaded is None
+    assert why is not None
+    assert ("a FIFO" if kind == "fifo" else "a directory") + ", not a regular file" in why
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"{state.FILE}.corrupt.")]
+    assert len(kept) == 1
+    assert kept[0].is_fifo() if kind == "fifo" else (kept[0] / "inside").read_text() == "kept\n"
+    assert not target.exists()
+    state.write(tmp_path, CHECKPOINT)  # and the next commit has its place
+    assert state.read(tmp_path)[0] == CHECKPOINT
 
 
 def _assert_kept_aside(directory: Path, data: bytes) -> None:
