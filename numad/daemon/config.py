@@ -44,6 +44,10 @@ values of the wrong type or outside their range, are errors naming the key
     [metrics]
     listen = "127.0.0.1"
     port = 9477                       # 0: any free port (shown in /v1/health)
+    page = false                      # also serve the live page at / and its data at
+                                      # /state.json: every workload, cgroup and placement,
+                                      # to whoever can reach the port (any local user on
+                                      # loopback); /metrics is served either way
 
     [host]
     isolate = true                    # cgroups in the managed roots that are no
@@ -81,7 +85,7 @@ _KEYS = {
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
     "daemon": {"reconcile-seconds", "release-grace-seconds"},
     "host": {"isolate", "irq-affinity"},
-    "metrics": {"listen", "port"},
+    "metrics": {"listen", "port", "page"},
 }
 _DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses"}
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -120,6 +124,7 @@ class Config:
     paths: Paths = field(default_factory=Paths)
     metrics_listen: str = "127.0.0.1"
     metrics_port: int = 9477
+    metrics_page: bool = False  # the live page and /state.json: opt-in
     reconcile_seconds: float = 10.0
     release_grace_seconds: float = 30.0
     isolate: bool = True
@@ -171,6 +176,7 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
         paths=_paths(section["paths"]),
         metrics_listen=metrics.string("listen", d.metrics_listen),
         metrics_port=metrics.integer("port", d.metrics_port, 0, 65535),
+        metrics_page=metrics.boolean("page", d.metrics_page),
         reconcile_seconds=daemon.seconds("reconcile-seconds", d.reconcile_seconds, 0.1, 3600),
         release_grace_seconds=daemon.seconds(
             "release-grace-seconds", d.release_grace_seconds, 0, 86400

@@ -5,16 +5,24 @@ threads: a listener has its accept thread, one watcher thread and a fixed pool
 of workers, and each step drops what it cannot hold instead of growing.
 
 1. The accept thread parks every new connection with the watcher: an open
-   connection that sends nothing costs a file descriptor, not a thread. At most
-   ``Limits.parked`` are kept; a new one closes the one idle the longest.
-2. The watcher closes a connection idle for ``Limits.idle`` seconds, and hands one
-   that has sent something to the workers' queue. With ``Limits.queue`` waiting
-   there already, the connection is answered 503 and closed at once.
-3. A worker reads each request under one deadline, ``Limits.deadline`` seconds for
-   the whole request however slowly it trickles in (not per read), answers, and
-   parks a keep-alive connection again: an idle client never holds a worker.
+   connection without a whole request head costs a file descriptor, not a thread.
+   At most ``Limits.parked`` are kept; a new one closes the one silent the longest
+   (with none silent, the one whose head began first).
+2. The watcher reads each parked connection's request head itself, as it comes, so
+   a client that trickles one in holds no worker. It closes a connection silent for
+   ``Limits.idle`` seconds, and one whose head is not whole ``Limits.deadline``
+   seconds after its first byte however steadily the bytes come: a deadline per
+   head, not a timeout between bytes. A head over ``HEAD_LIMIT`` bytes is answered
+   414 or 431, as http.server answers a line over its limit. A whole head goes with
+   its connection to the workers' queue; with ``Limits.queue`` waiting there
+   already, it is answered 503 and closed at once.
+3. A worker reads the request's body under one deadline, ``Limits.deadline`` seconds
+   however slowly it trickles in (not per read), answers under another, and parks a
+   keep-alive connection again with what it read of the next request: an idle or
+   slow client never holds a worker.
 
-Connections closed by 1 or 2 are counted by the ``refused`` callback.
+Connections closed for room in 1 or at a full queue in 2 are counted by the
+``refused`` callback.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Self
@@ -37,34 +45,74 @@ if TYPE_CHECKING:
 
 # Threads of a listener besides its workers: the accept thread and the watcher.
 OTHER_THREADS = 2
+HEAD_LIMIT = 64 << 10  # bytes of a request line and its headers
 
-_BUSY_BODY = b'{"error": {"code": "busy", "message": "numad: every worker is busy; retry"}}\n'
-BUSY_ANSWER = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-    % (len(_BUSY_BODY), _BUSY_BODY)
+
+def _refusal(status: bytes, code: bytes, message: bytes, extra: bytes = b"") -> bytes:
+    """A whole answer, sent by the watcher before it closes the connection."""
+    body = b'{"error": {"code": "%s", "message": "%s"}}\n' % (code, message)
+    return (
+        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n%sConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (status, extra, len(body), body)
+    )
+
+
+BUSY_ANSWER = _refusal(
+    b"503 Service Unavailable",
+    b"busy",
+    b"numad: every worker is busy; retry",
+    b"Retry-After: 1\r\n",
+)
+TOO_LONG_ANSWER = _refusal(
+    b"414 Request-URI Too Long", b"too_large", b"request: line over %d bytes" % HEAD_LIMIT
+)
+TOO_LARGE_ANSWER = _refusal(
+    b"431 Request Header Fields Too Large",
+    b"too_large",
+    b"request: head over %d bytes" % HEAD_LIMIT,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    workers: int  # threads that read requests and answer them
-    queue: int = 16  # connections with a request waiting for a worker
-    parked: int = 256  # idle open connections (keep-alive ones included)
+    workers: int  # threads that read request bodies and answer them
+    queue: int = 16  # connections with a whole request head waiting for a worker
+    parked: int = 256  # open connections without one (keep-alive ones included)
     idle: float = 30.0  # seconds a parked connection may send nothing
-    deadline: float = 10.0  # seconds to read one whole request, and to write its answer
+    # Seconds for a request's head from its first byte, then for its body, then for
+    # its answer: each whole, however slowly it trickles.
+    deadline: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What a worker hands its handler: the connection and the request head the
+    watcher read from it (with whatever followed in the same reads)."""
+
+    conn: socket.socket
+    head: bytes
+
+
+def _head_ends(data: bytes | bytearray, start: int = 0) -> bool:
+    """Whether ``data`` holds a whole request head: its empty line (CRLF or a bare LF,
+    which the standard library's parser takes too) at or after ``start``."""
+    start = max(0, start - 2)  # the ending may straddle the previous read
+    return data.find(b"\n\r\n", start) >= 0 or data.find(b"\n\n", start) >= 0
 
 
 class _RequestReader(io.RawIOBase):
-    """The connection as a raw stream whose reads share one deadline: each read waits
-    only for the time left, so a request trickled in byte by byte is cut off."""
+    """The connection as a raw stream: first the head the watcher read, then the
+    socket's bytes, each read waiting only for what is left of one deadline, so a
+    body trickled in byte by byte is cut off. Once ``answered``, it gives nothing
+    more: what is buffered then, and what is left of ``head``, is the next request's."""
 
-    def __init__(self, sock: socket.socket, seconds: float) -> None:
+    def __init__(self, arrival: Arrival, seconds: float) -> None:
         super().__init__()
-        self.sock = sock
+        self.sock = arrival.conn
+        self.head = memoryview(arrival.head)
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
-        self.polling = False  # read only what has arrived, never wait
+        self.answered = False
 
     def arm(self) -> None:
         self.deadline = time.monotonic() + self.seconds
@@ -73,42 +121,46 @@ class _RequestReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: WriteableBuffer) -> int | None:
-        if self.polling:
-            self.sock.setblocking(False)
-            try:
-                return self.sock.recv_into(buffer)
-            except BlockingIOError:
-                return None  # nothing yet: BufferedReader.peek answers b""
+        if self.answered:
+            return None  # nothing more: BufferedReader.peek answers what it holds
+        into = memoryview(buffer).cast("B")
+        if self.head:
+            size = min(len(into), len(self.head))
+            into[:size] = self.head[:size]
+            self.head = self.head[size:]
+            return size
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"request: not complete within {self.seconds:g} s")
         self.sock.settimeout(left)
-        return self.sock.recv_into(buffer)
+        return self.sock.recv_into(into)
 
 
 class BoundedHandler(BaseHTTPRequestHandler):
-    """The requests of one connection while they keep coming, each read under one
-    deadline; then the server parks the connection, or closes it."""
+    """One request, its body read under one deadline; then the server parks the
+    connection with ``rest`` (what was read past the request), or closes it."""
 
     server: BoundedServer
     protocol_version = "HTTP/1.1"
+    rest = b""
 
     def setup(self) -> None:
+        arrival: Arrival = self.request
+        self.request = arrival.conn
         super().setup()
+        self.connection.settimeout(self.server.limits.deadline)  # parked: it was non-blocking
         self.rfile.close()  # the stdlib's reader, replaced by one under the deadline
-        self.reader = _RequestReader(self.connection, self.server.limits.deadline)
+        self.reader = _RequestReader(arrival, self.server.limits.deadline)
         self.buffered = io.BufferedReader(self.reader)
         self.rfile = self.buffered
 
     def handle(self) -> None:
         self.close_connection = True
         self.handle_one_request()
-        while not self.close_connection and self._pending():
-            self.handle_one_request()  # a pipelined request, already (partly) here
-
-    def handle_one_request(self) -> None:
-        self.reader.arm()
-        super().handle_one_request()
+        if not self.close_connection:
+            # A pipelined request, already (partly) here: buffered, then not yet taken.
+            self.reader.answered = True
+            self.rest = self.buffered.peek() + self.reader.head.tobytes()
 
     def send_response_only(self, code: int, message: str | None = None) -> None:
         if code >= 200:  # the answer gets its own deadline; a 100 Continue does not
@@ -116,38 +168,66 @@ class BoundedHandler(BaseHTTPRequestHandler):
             self.connection.settimeout(self.reader.seconds)
         super().send_response_only(code, message)
 
-    def _pending(self) -> bool:
-        """Whether the next request has begun to arrive, without waiting for it."""
-        self.reader.polling = True
-        try:
-            return bool(self.buffered.peek(1))
-        except OSError:
-            self.close_connection = True
-            return False
-        finally:
-            self.reader.polling = False
-
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         return  # each listener logs what it needs as structured events
 
 
+@dataclass(slots=True)
+class _Waiting:
+    address: Any
+    head: bytearray
+    since: float  # when parked, or when its head's first byte came
+
+
 class _Parked:
-    """The watcher's idle connections, oldest first (a dict keeps insertion order)."""
+    """The watcher's connections without a whole head: the silent ones by when they
+    were parked, the begun ones by when their first byte came; each kind shares one
+    timeout, so the first of each (a dict keeps insertion order) expires first."""
 
-    def __init__(self, selector: selectors.BaseSelector) -> None:
+    def __init__(self, selector: selectors.BaseSelector, limits: Limits) -> None:
         self.selector = selector
-        self.since: dict[socket.socket, float] = {}
+        self.timeouts = (limits.idle, limits.deadline)  # for silent, for begun
+        self.silent: dict[socket.socket, _Waiting] = {}
+        self.begun: dict[socket.socket, _Waiting] = {}
 
-    def add(self, conn: socket.socket, address: Any) -> None:
-        self.selector.register(conn, selectors.EVENT_READ, address)
-        self.since[conn] = time.monotonic()
+    def __len__(self) -> int:
+        return len(self.silent) + len(self.begun)
 
-    def take(self, conn: socket.socket) -> Any:
-        del self.since[conn]
-        return self.selector.unregister(conn).data
+    def add(self, conn: socket.socket, address: Any, head: bytes) -> None:
+        conn.setblocking(False)  # the watcher reads what has come, never waits
+        self.selector.register(conn, selectors.EVENT_READ)
+        (self.begun if head else self.silent)[conn] = _Waiting(
+            address, bytearray(head), time.monotonic()
+        )
 
-    def oldest(self) -> tuple[socket.socket, float] | None:
-        return next(iter(self.since.items()), None)
+    def get(self, conn: socket.socket) -> _Waiting:
+        return self.silent.get(conn) or self.begun[conn]
+
+    def begin(self, conn: socket.socket) -> None:
+        waiting = self.begun[conn] = self.silent.pop(conn)
+        waiting.since = time.monotonic()
+
+    def take(self, conn: socket.socket) -> _Waiting:
+        self.selector.unregister(conn)
+        return self.silent.pop(conn, None) or self.begun.pop(conn)
+
+    def first(self) -> socket.socket | None:
+        """The one to close for room: the one silent the longest, else the first begun."""
+        return next(iter(self.silent), None) or next(iter(self.begun), None)
+
+    def expired(self, now: float) -> socket.socket | None:
+        return next((conn for conn, end in self._firsts() if end <= now), None)
+
+    def next_expiry(self, now: float) -> float | None:
+        """Seconds until the next connection expires; None with none parked."""
+        ends = [end for _, end in self._firsts()]
+        return max(0.0, min(ends) - now) if ends else None
+
+    def _firsts(self) -> Iterator[tuple[socket.socket, float]]:
+        """The first connection of each kind and when it expires."""
+        for kind, seconds in zip((self.silent, self.begun), self.timeouts, strict=True):
+            if (first := next(iter(kind.items()), None)) is not None:
+                yield first[0], first[1].since + seconds
 
 
 class BoundedServer(socketserver.BaseServer):
@@ -163,8 +243,8 @@ class BoundedServer(socketserver.BaseServer):
         self.refused = refused
         # Unbounded as a queue so that stopping never blocks; the watcher, its only
         # producer, holds it to limits.queue.
-        self._work: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
-        self._incoming: list[tuple[socket.socket, Any]] = []
+        self._work: queue.SimpleQueue[tuple[Arrival, Any] | None] = queue.SimpleQueue()
+        self._incoming: list[tuple[socket.socket, Any, bytes]] = []
         self._lock = threading.Lock()
         self._wake, self._waker = socket.socketpair()
         self._waker.setblocking(False)
@@ -197,10 +277,10 @@ class BoundedServer(socketserver.BaseServer):
         for thread in self._threads:
             thread.join(max(0.0, until - time.monotonic()))
 
-    def _park(self, conn: socket.socket, address: Any) -> None:
+    def _park(self, conn: socket.socket, address: Any, rest: bytes = b"") -> None:
         with self._lock:
             if not self._closing:
-                self._incoming.append((conn, address))
+                self._incoming.append((conn, address, rest))
                 self._wake_watcher()
                 return
         self.shutdown_request(conn)
@@ -211,84 +291,108 @@ class BoundedServer(socketserver.BaseServer):
 
     def _worker(self: Self) -> None:
         while (item := self._work.get()) is not None:
-            conn, address = item
-            keep = False
+            arrival, address = item
+            conn, keep, rest = arrival.conn, False, b""
             try:
-                handler = self.RequestHandlerClass(conn, address, self)
+                handler = self.RequestHandlerClass(arrival, address, self)
                 keep = not getattr(handler, "close_connection", True)
+                rest = getattr(handler, "rest", b"")
             except Exception:  # noqa: BLE001 - reported by handle_error, as socketserver does
                 self.handle_error(conn, address)
             if keep:
-                self._park(conn, address)
+                self._park(conn, address, rest)
             else:
                 self.shutdown_request(conn)
 
     def _watcher(self) -> None:
         with selectors.DefaultSelector() as selector:
             selector.register(self._wake, selectors.EVENT_READ)
-            parked = _Parked(selector)
+            parked = _Parked(selector, self.limits)
             while not self._closing:
-                for key, _ in selector.select(self._next_expiry(parked)):
+                for key, _ in selector.select(parked.next_expiry(time.monotonic())):
                     if key.fileobj is self._wake:
                         self._wake.recv(4096)
                     else:
-                        conn = key.fileobj
-                        assert isinstance(conn, socket.socket)
-                        self._hand_over(conn, parked.take(conn))
+                        assert isinstance(key.fileobj, socket.socket)
+                        self._receive(key.fileobj, parked)
                 self._admit_incoming(parked)
-                self._close_idle(parked)
+                self._close_expired(parked)
             with self._lock:
                 self._close_all(parked)
 
-    def _next_expiry(self, parked: _Parked) -> float | None:
-        oldest = parked.oldest()
-        if oldest is None:
-            return None
-        return max(0.0, oldest[1] + self.limits.idle - time.monotonic())
+    def _receive(self, conn: socket.socket, parked: _Parked) -> None:
+        """What has come on a parked connection: more of its head, or its end."""
+        waiting = parked.get(conn)
+        try:
+            data = conn.recv(65536)
+        except BlockingIOError:
+            return  # woken for nothing: the data went (a bad checksum, say)
+        except OSError:
+            data = b""  # reset: closed as if ended
+        if not data:
+            parked.take(conn)
+            self.shutdown_request(conn)
+            return
+        if not waiting.head:
+            parked.begin(conn)
+        seen = len(waiting.head)
+        waiting.head += data
+        if _head_ends(waiting.head, seen):
+            parked.take(conn)
+            self._hand_over(conn, waiting.address, bytes(waiting.head))
+        elif len(waiting.head) > HEAD_LIMIT:
+            parked.take(conn)
+            self._refuse(conn, TOO_LARGE_ANSWER if b"\n" in waiting.head else TOO_LONG_ANSWER)
 
-    def _hand_over(self, conn: socket.socket, address: Any) -> None:
+    def _hand_over(self, conn: socket.socket, address: Any, head: bytes) -> None:
         if self._work.qsize() < self.limits.queue:
-            self._work.put((conn, address))
+            self._work.put((Arrival(conn, head), address))
             return
         self.refused()
+        self._refuse(conn, BUSY_ANSWER)
+
+    def _refuse(self, conn: socket.socket, answer: bytes) -> None:
         with contextlib.suppress(OSError):  # best effort: the client may not read it
             conn.setblocking(False)
-            conn.recv(65536)  # the request, so that the close is not a reset
-            conn.send(BUSY_ANSWER)
+            conn.recv(65536)  # what else came of the request, so the close is no reset
+        with contextlib.suppress(OSError):
+            conn.send(answer)
         self.shutdown_request(conn)
 
     def _admit_incoming(self, parked: _Parked) -> None:
         with self._lock:
             incoming, self._incoming = self._incoming, []
-        for conn, address in incoming:
-            oldest = parked.oldest()
-            if oldest is not None and len(parked.since) >= self.limits.parked:
+        for conn, address, rest in incoming:
+            if _head_ends(rest):  # a keep-alive client's next request, here already
+                self._hand_over(conn, address, rest)
+                continue
+            if len(parked) >= self.limits.parked and (room := parked.first()) is not None:
                 self.refused()
-                parked.take(oldest[0])
-                self.shutdown_request(oldest[0])
+                parked.take(room)
+                self.shutdown_request(room)
             try:
-                parked.add(conn, address)
+                parked.add(conn, address, rest)
             except (OSError, ValueError):  # closed under us: the watcher must go on
                 self.shutdown_request(conn)
 
-    def _close_idle(self, parked: _Parked) -> None:
+    def _close_expired(self, parked: _Parked) -> None:
         now = time.monotonic()
-        while (oldest := parked.oldest()) is not None and now - oldest[1] >= self.limits.idle:
-            parked.take(oldest[0])
-            self.shutdown_request(oldest[0])
+        while (conn := parked.expired(now)) is not None:
+            parked.take(conn)
+            self.shutdown_request(conn)
 
     def _close_all(self, parked: _Parked) -> None:
         """At stop, under the lock: close every connection not with a worker, then
         tell the workers to end (the watcher was the only one to queue work)."""
-        for conn in list(parked.since):
+        for conn in [*parked.silent, *parked.begun]:
             parked.take(conn)
             self.shutdown_request(conn)
-        for conn, _ in self._incoming:
+        for conn, _, _ in self._incoming:
             self.shutdown_request(conn)
         self._incoming = []
         with contextlib.suppress(queue.Empty):
             while item := self._work.get_nowait():
-                self.shutdown_request(item[0])
+                self.shutdown_request(item[0].conn)
         for _ in range(self.limits.workers):
             self._work.put(None)
         self._wake.close()

@@ -6,6 +6,10 @@ the picture of the machine (``numad.topology.picture``, SVG inline), the workloa
 their CPUs, nodes, devices and memory locality, and the problems ``/v1/health``
 lists. The state is read from the daemon's own read-only views (the same ones the
 API serves), under its lock, at each request; the page changes nothing.
+
+Off unless ``[metrics] page = true``: the API's socket is mode 0660, but the metrics
+port answers anyone who reaches it (any local user on loopback), and the state names
+every workload, its cgroup and placement. Off, both paths answer 404 saying so.
 """
 
 from __future__ import annotations
@@ -78,20 +82,31 @@ def _workload(shown: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class LivePage:
-    """Answers the page's paths; ``None`` for any other path (metrics go on)."""
+OFF = (
+    b"numad: the live page and /state.json are off; set [metrics] page = true in"
+    b" numad.toml to serve them (every workload, cgroup and placement, to whoever can"
+    b" reach this port); /metrics is served either way\n"
+)
 
-    def __init__(self, source: Source, title: str = "numad") -> None:
+
+class LivePage:
+    """Answers the page's paths, or 404 with ``OFF`` unless ``enabled``; ``None`` for
+    any other path (metrics go on)."""
+
+    def __init__(self, source: Source, title: str = "numad", *, enabled: bool = False) -> None:
+        self.enabled = enabled
         self._state: Callable[[], dict[str, Any]] = lambda: state(source, title)
         self._page = PAGE.replace("__TITLE__", escape(title)).replace(
             "__REFRESH_MS__", str(REFRESH_SECONDS * 1000)
         )
 
     def answer(self, path: str) -> Answer | None:
+        if path not in (*PAGE_PATHS, STATE_PATH):
+            return None
+        if not self.enabled:
+            return 404, OFF, "text/plain"
         if path in PAGE_PATHS:
             return 200, self._page.encode(), "text/html; charset=utf-8"
-        if path != STATE_PATH:
-            return None
         try:
             body = json.dumps(self._state())
         except Exception as err:  # noqa: BLE001 - one failed refresh is answered, not fatal

@@ -89,9 +89,10 @@ def serve(args: argparse.Namespace) -> int:
     daemon = build(config, args.root)
     lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
     address = f"{config.metrics_listen}:{config.metrics_port}"
+    page = LivePage(daemon, enabled=config.metrics_page)
     try:
         metrics_server = daemon.metrics.listen(
-            config.metrics_listen, config.metrics_port, page=LivePage(daemon).answer
+            config.metrics_listen, config.metrics_port, page=page.answer
         )
     except OSError as err:
         lock.release()

@@ -36,6 +36,7 @@ def test_reconcile_seconds_out_of_range_or_not_a_number_is_refused(bad: object) 
 def test_no_file_gives_the_defaults() -> None:
     assert parse({}) == Config()
     assert Config().release_grace_seconds == 30.0
+    assert Config().metrics_page is False  # the live page is opt-in (issue 24 item 10)
 
 
 def test_the_documented_example_parses() -> None:
@@ -61,7 +62,7 @@ def test_every_value_can_be_set() -> None:
         "devices": {"nic": {"addresses": ["0000:3B:00.0"]}, "ve": {"driver": "ve_drv"}},
         "paths": {"cgroup-root": "/cg", "managed-roots": ["a.slice", "b.slice"]},
         "daemon": {"release-grace-seconds": 0.5},
-        "metrics": {"listen": "::1", "port": 0},
+        "metrics": {"listen": "::1", "port": 0, "page": True},
         "host": {"isolate": False},
     }
     assert parse(raw) == Config(
@@ -79,6 +80,7 @@ def test_every_value_can_be_set() -> None:
         paths=Paths(cgroup_root="/cg", managed_roots=("a.slice", "b.slice")),
         metrics_listen="::1",
         metrics_port=0,
+        metrics_page=True,
         release_grace_seconds=0.5,
         isolate=False,
     )
@@ -117,6 +119,7 @@ BAD = [
     _bad("[cpu.options]", "full-pcpus-only", "false", "not a boolean", "cpu-option-quoted"),
     _bad("[cpu.options]", "full-pcpus-only", 0, "not a boolean", "cpu-option-number"),
     _bad("[host]", "isolate", "false", "not a boolean", "isolate-quoted"),
+    _bad("[metrics]", "page", "true", "not a boolean", "page-quoted"),
     _bad("[cpu]", "options", "x", "not a table", "cpu-options-str"),
     # enums list their values
     _bad("[memory]", "policy", "Static", "not one of static, none", "memory-policy-capital"),

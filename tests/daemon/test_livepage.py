@@ -1,8 +1,9 @@
 """The live page (issue 16, part 5): a real `numad serve` on a scratch tree of the demo
 machine, its metrics listener serving the page at `/`, `/state.json` and the metrics at
-`/metrics`; the page loaded in a real headless Chromium (Debian's package), which must
-log no error, show every admitted workload, and update itself after an admission
-without a reload. Screenshots at 1280x800 and 390x844 stay in the test's tmp_path.
+`/metrics`, the first two only with `[metrics] page = true` (issue 24 item 10); the page
+loaded in a real headless Chromium (Debian's package), which must log no error, show
+every admitted workload, and update itself after an admission without a reload.
+Screenshots at 1280x800 and 390x844 stay in the test's tmp_path.
 
 Chromium missing: skipped with the reason, except in CI (``CI`` set), where
 ``scripts/check`` installs it (``python -m tests.browser --prepare``) and a skip would
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from numad.cli.demo import CONFIG, MACHINE
-from numad.daemon.livepage import REFRESH_SECONDS, LivePage
+from numad.daemon.livepage import OFF, REFRESH_SECONDS, LivePage
 from numad.host.scratch import scratch_mkdir
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
@@ -36,13 +37,20 @@ from tests.daemon.test_daemon_e2e import Numad
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture
-def live(machines: Machines, tmp_path: Path) -> Iterator[tuple[Numad, str]]:
-    """A daemon on the demo machine (metrics on a free loopback port) and the page's URL."""
+PAGE_ON = CONFIG.replace("[metrics]\n", "[metrics]\npage = true\n")
+assert PAGE_ON != CONFIG, "the demo's config has no [metrics] table to turn the page on in"
+
+
+@pytest.fixture(params=[PAGE_ON], ids=["page-on"])
+def live(
+    machines: Machines, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Numad, str]]:
+    """A daemon on the demo machine (metrics on a free loopback port, the page on unless
+    the test asks for the demo's config as it is) and the page's URL."""
     root = tmp_path / "machine"
     subprocess.run(["cp", "-a", str(machines.root(MACHINE)), str(root)], check=True, timeout=60)
     config = tmp_path / "numad.toml"
-    config.write_text(CONFIG)
+    config.write_text(request.param)
     daemon = Numad(root, config)
     daemon.start()
     for name in ("web", "db", "batch"):
@@ -79,7 +87,9 @@ class _Stub:
 
 
 def test_the_state_names_workloads_problems_and_draws_the_picture(machines: Machines) -> None:
-    page = LivePage(_Stub(discover(HostFS(machines.root(MACHINE)))), title="numad <test>")
+    page = LivePage(
+        _Stub(discover(HostFS(machines.root(MACHINE)))), title="numad <test>", enabled=True
+    )
     status, body, kind = page.answer("/") or (0, b"", "")
     assert (status, kind) == (200, "text/html; charset=utf-8")
     assert b"numad &lt;test&gt;" in body  # the title is escaped
@@ -159,6 +169,33 @@ def test_the_listener_serves_the_page_its_state_and_the_metrics(
     assert b"numad_build_info" in metrics
     assert _get(url + "/nosuch")[0] == 404
     print(f"page: {len(page)} bytes; state.json: {len(raw)} bytes")
+
+
+@pytest.mark.parametrize("live", [CONFIG], ids=["page-off-by-default"], indirect=True)
+def test_the_page_and_its_state_are_404_unless_turned_on(live: tuple[Numad, str]) -> None:
+    """Any local user reaches the metrics port; the state names every workload, cgroup
+    and placement. By default only /metrics answers; the 404 says how to turn the page on."""
+    daemon, url = live
+    daemon.call("POST", "/v1/workloads", _spec("db", 4))
+    for path in ("/", "/index.html", "/state.json"):
+        status, kind, body = _get(url + path)
+        assert (status, kind, body) == (404, "text/plain", OFF), path
+        assert b"[metrics] page = true" in body
+        assert b"db" not in body
+    status, _, metrics = _get(url + "/metrics")
+    assert status == 200
+    assert b"numad_build_info" in metrics
+
+
+def test_the_page_is_404_without_its_config_key(machines: Machines) -> None:
+    stub = _Stub(discover(HostFS(machines.root(MACHINE))))
+    off = LivePage(stub)
+    assert off.answer("/state.json") == (404, OFF, "text/plain")
+    assert off.answer("/") == (404, OFF, "text/plain")
+    assert off.answer("/metrics") is None  # the metrics handler's own path, either way
+    status, raw, _ = LivePage(stub, enabled=True).answer("/state.json") or (0, b"", "")
+    assert status == 200
+    assert json.loads(raw)["workloads"][0]["name"] == "db"
 
 
 def _cpus(text: str) -> list[int]:
