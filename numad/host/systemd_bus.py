@@ -191,6 +191,7 @@ class Systemd:
         self._quiet_until = 0.0
         self._stop_wait: float | None = None  # numad stops: each call's bound (``hurry``)
         self._gave_up = False  # numad stops and a call got no answer: ask no more
+        self._shut: _Stream | None = None  # the stream ``hurry`` shut under a call
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -291,6 +292,7 @@ class Systemd:
         self._stop_wait = seconds
         stream = self._stream
         if stream is not None:
+            self._shut = stream  # the next call connects again, not on what is shut
             stream.interrupt()
 
     def __enter__(self) -> Self:
@@ -342,6 +344,8 @@ class Systemd:
                 )
                 raise SystemdError(name, problem)
             try:
+                if self._stream is not None and self._stream is self._shut:
+                    self.close()  # shut by ``hurry`` while no call was on it
                 if self._stream is None:
                     self._reconnect(name, member)
                 assert self._stream is not None
