@@ -25,7 +25,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import notify
 from numad.daemon.api import Server, outcome_json
 from numad.daemon.config import Config, check_reserved, load
-from numad.daemon.instance import acquire
+from numad.daemon.instance import acquire_host
 from numad.daemon.livepage import LivePage
 from numad.daemon.loops import (
     cgroup_loop,
@@ -87,7 +87,9 @@ def serve(args: argparse.Namespace) -> int:
     ends the run gives back what numad changed."""
     config = load(args.config)
     daemon = build(config, args.root)
-    lock = acquire(daemon.state_dir)  # before the socket is touched: one numad per host
+    # Before the socket is touched: one numad per host, whatever its state directory.
+    cgroup_root = getattr(daemon.cgroups, "root", None)
+    lock = acquire_host(daemon.state_dir, None if cgroup_root is None else Path(cgroup_root))
     address = f"{config.metrics_listen}:{config.metrics_port}"
     page = LivePage(daemon, enabled=config.metrics_page)
     try:

@@ -412,6 +412,29 @@ def test_a_start_that_cannot_listen_leaves_the_host_as_found(numad: Numad) -> No
     assert "system.slice" not in (numad.root / "var/lib/numad/isolation.json").read_text()
 
 
+def test_a_second_numad_with_another_state_dir_is_refused_on_the_same_tree(
+    numad: Numad,
+) -> None:
+    """Before: a second numad given another state directory took its own lock, then
+    isolated the first one's workloads as strays (and the first, the second's)."""
+    other = numad.root / "other.toml"
+    other.write_text(CONFIG + '[paths]\nstate-dir = "/var/lib/numad-other"\n')
+    done = subprocess.run(
+        [*SERVE, "--root", str(numad.root), "--config", str(other), "--socket", numad.socket],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a bound for a hung test: the refusal comes before any work
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"another numad (pid {numad.proc.pid}) manages this cgroup tree" in done.stderr, (
+        done.stderr
+    )
+    assert not (numad.root / "var/lib/numad-other/isolation.json").exists()
+    assert numad.call("GET", "/v1/health")["ready"]  # the first one runs on
+
+
 def test_declared_workloads_are_admitted_at_start(numad: Numad) -> None:
     declared = numad.root / "etc" / "numad" / "workloads.d"
     declared.mkdir(parents=True)
