@@ -149,6 +149,13 @@ class Metrics:
             buckets=ADMISSION_BUCKETS,
             registry=r,
         )
+        self.systemd_reply = Histogram(
+            "numad_systemd_reply_seconds",
+            "How long systemd took to answer each D-Bus call it answered.",
+            ["member"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self._add_supervision(r)
 
     def _add_supervision(self, r: CollectorRegistry) -> None:

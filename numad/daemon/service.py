@@ -62,7 +62,10 @@ def build(config: Config, root: str | None) -> Daemon:
         systemd = Systemd.connect()
         log.info("isolation", isolate=config.isolate, systemd=systemd is not None)
         state_dir = Path(config.paths.state_dir)
-        return Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)
+        daemon = Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)
+        if systemd is not None:  # how fast systemd answers, scraped
+            systemd.observe = lambda m, s: daemon.metrics.systemd_reply.labels(m).observe(s)
+        return daemon
     base = Path(root).resolve()
     fs = HostFS(base)
     cgroup_root = base / config.paths.cgroup_root.lstrip("/")

@@ -24,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -106,6 +107,10 @@ class _Stream:
         self._sock = sock
         self._parser = Parser()
         self._serials = itertools.count(1)
+        # Replies to no call waiting on them: a lost reply would show here (the
+        # reply to a call that had already timed out, or one sent to the wrong call).
+        self.unmatched: list[int] = []
+        self.serial = 0  # the last call's
 
     @classmethod
     def open(cls, path: str, timeout: float, *, peer: bool) -> _Stream:
@@ -133,15 +138,21 @@ class _Stream:
         return stream
 
     def call(self, message: Message, deadline: float) -> Message:
-        """Send ``message`` and return its reply; other messages (signals) are dropped."""
+        """Send ``message`` and return its reply; other messages (signals) are dropped,
+        and a reply to another serial is kept in ``unmatched``."""
         serial = next(self._serials)
+        self.serial = serial
         self._send(message.serialise(serial=serial), deadline)
         while True:
             reply = self._parser.get_next_message()
             if reply is None:
                 self._parser.add_data(self._receive(deadline))
-            elif reply.header.fields.get(HeaderFields.reply_serial) == serial:
+                continue
+            answers = reply.header.fields.get(HeaderFields.reply_serial)
+            if answers == serial:
                 return reply
+            if answers is not None:
+                self.unmatched.append(answers)
 
     def close(self) -> None:
         self._sock.close()
@@ -192,6 +203,8 @@ class Systemd:
         self._stop_wait: float | None = None  # numad stops: each call's bound (``hurry``)
         self._gave_up = False  # numad stops and a call got no answer: ask no more
         self._shut: _Stream | None = None  # the stream ``hurry`` shut under a call
+        # Told each answered call's member and seconds (numad's reply-time histogram).
+        self.observe: Callable[[str, float], None] = lambda member, seconds: None
 
     @classmethod
     def connect(cls, address: str | None = None, timeout: float = 5.0) -> Systemd | None:
@@ -375,8 +388,9 @@ class Systemd:
 
     def _exchange(self, name: str, member: object, stream: _Stream, message: Message) -> Message:
         stopping = self._stop_wait is not None  # asked after ``hurry``: a give-back
+        sent = time.monotonic()
         try:
-            reply: Message = stream.call(message, time.monotonic() + self._wait)
+            reply: Message = stream.call(message, sent + self._wait)
         except (OSError, ValueError) as err:  # ValueError: jeepney could not parse a message
             self.close()
             if stopping and isinstance(err, TimeoutError):
@@ -390,10 +404,14 @@ class Systemd:
                 problem = f"numad is stopping: gave up waiting for {member} from {self.address}"
                 raise SystemdError(name, problem) from err
             if isinstance(err, TimeoutError):
-                problem = f"no reply to {member} from {self.address} within {self.timeout:g} s"
+                problem = (
+                    f"no reply to {member} (serial {stream.serial}) from {self.address}"
+                    f" within {self.timeout:g} s{_stray(stream.unmatched)}"
+                )
                 raise SystemdError(name, problem, "is systemd stuck?") from err
             problem = f"{member}: the connection to {self.address} failed ({err})"
             raise SystemdError(name, problem) from err
+        self.observe(str(member), time.monotonic() - sent)
         return reply
 
     def _body(self, name: str, what: str, reply: Message, signature: str) -> tuple[Any, ...]:
@@ -407,6 +425,15 @@ class Systemd:
         if reply.header.message_type is not MessageType.method_return or got != signature:
             raise SystemdError(name, f"{what}: unexpected reply of type {got!r}")
         return tuple(reply.body)
+
+
+def _stray(serials: list[int]) -> str:
+    """What a timeout says of replies that came to no waiting call on its stream:
+    none, where systemd was slow; some, where a reply went astray."""
+    if not serials:
+        return "; no reply to any other serial came meanwhile"
+    shown = ", ".join(str(s) for s in serials[-5:])
+    return f"; {len(serials)} replies came to no waiting call (serials {shown})"
 
 
 def _error_name(reply: Message) -> str | None:

@@ -428,6 +428,7 @@ def test_a_second_numad_with_another_state_dir_is_refused_on_the_same_tree(
     )
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
+    assert numad.proc is not None
     assert f"another numad (pid {numad.proc.pid}) manages this cgroup tree" in done.stderr, (
         done.stderr
     )

@@ -57,6 +57,7 @@ class FakeSystemd:
         self.stall = threading.Event()
         self.received = threading.Event()  # a call came in (answered or not)
         self.delay = 0.0  # seconds before each answer: a slow systemd
+        self.misdirect = False  # answers carry another call's serial: a lost reply
         self._stop = threading.Event()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
@@ -113,7 +114,10 @@ class FakeSystemd:
                 self.received.set()
                 time.sleep(self.delay)
                 if not self.stall.is_set():
-                    conn.sendall(self._answer(message).serialise(serial=next(serials)))
+                    answer = self._answer(message)
+                    if self.misdirect:
+                        answer.header.fields[HeaderFields.reply_serial] += 1000
+                    conn.sendall(answer.serialise(serial=next(serials)))
             more = next(chunks, None)
             if more is None:
                 return
@@ -289,7 +293,8 @@ def test_unit_type_without_cgroup(systemd: Systemd) -> None:
 def test_stalled_peer_times_out(fake: FakeSystemd, systemd: Systemd) -> None:
     fake.stall.set()
     start = time.monotonic()
-    with pytest.raises(SystemdError, match=r"^web\.service: no reply to GetUnit .* within 2 s"):
+    slow = r"^web\.service: no reply to GetUnit \(serial \d+\) .* within 2 s; no reply to any"
+    with pytest.raises(SystemdError, match=slow):  # not lost: systemd said nothing at all
         systemd.unit("web.service")
     assert time.monotonic() - start < systemd.timeout + 2
     # Within the backoff the peer is not asked at all: the call fails at once.
@@ -358,6 +363,25 @@ def test_hurry_ends_the_call_under_way_and_bounds_the_next(fake: FakeSystemd) ->
     assert took < 0.5 + systemd.timeout / 10, f"two give-backs to a stuck systemd took {took:.1f} s"
     fake.stall.clear()
     systemd.close()
+
+
+def test_a_reply_that_goes_astray_is_named_and_answered_calls_are_timed(
+    fake: FakeSystemd, systemd: Systemd
+) -> None:
+    """Issue 24 item 15: "no reply within 5 s" in the VM, lost or slow? A timeout now
+    says whether replies to other serials came meanwhile, and each answered call is
+    timed for numad's histogram."""
+    timed: list[tuple[str, float]] = []
+    systemd.observe = lambda member, seconds: timed.append((member, seconds))
+    fake.delay = 0.05
+    assert systemd.unit("web.service") == object_path("web.service")
+    assert [m for m, _ in timed] == ["GetUnit"]
+    assert 0.05 <= timed[0][1] < systemd.timeout
+    fake.delay = 0.0
+    fake.misdirect = True
+    with pytest.raises(SystemdError, match=r"1 replies came to no waiting call \(serials \d+\)"):
+        systemd.unit("web.service")
+    assert len(timed) == 1  # a call with no answer is not timed as answered
 
 
 def test_a_hurry_with_no_call_under_way_costs_no_give_back(fake: FakeSystemd) -> None:
