@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -602,7 +603,32 @@ def test_a_workload_unit_stopped_for_good_is_released() -> None:
     wait_for(lambda: WORKLOAD not in workloads(), "numad to release the stopped unit's workload")
 
 
+def systemd_reply_times() -> dict[str, float]:
+    """numad's histogram of systemd's reply times (issue 24 item 15: slow or lost?),
+    summed over members: calls answered, seconds in all, and the bucket bound 99%
+    of replies came within."""
+    address = api("GET", "/v1/health")["metrics"]
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("numad_systemd_reply_seconds_bucket"):
+            bound = name.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = buckets.get(float(bound), 0.0) + float(value)
+        elif name.startswith("numad_systemd_reply_seconds_count"):
+            count += float(value)
+        elif name.startswith("numad_systemd_reply_seconds_sum"):
+            total += float(value)
+    p99 = min((b for b, n in buckets.items() if n >= 0.99 * count), default=float("inf"))
+    return {"answered": count, "seconds": round(total, 3), "p99_within": p99}
+
+
 def test_stop_is_clean() -> None:
+    replies = systemd_reply_times()
+    figure(check="systemd reply times under the hog", **replies)
+    assert replies["answered"] > 0, replies  # numad asked systemd, and timed each answer
     systemctl("stop", UNIT)
     state = show(UNIT, "ActiveState", "Result", "ExecMainStatus", "MainPID")
     assert state == {
