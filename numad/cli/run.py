@@ -78,7 +78,10 @@ def run_command(args: argparse.Namespace) -> int:
     spec["name"] = name
     spec["transient"] = True  # released by the daemon if numad run dies before its release
     socket = str(args.socket or defaults.SOCKET)
-    health = request(socket, "GET", "/v1/health")
+    try:
+        health = request(socket, "GET", "/v1/health")
+    except APIError as err:  # not ready (503) still says where the cgroup tree is
+        health = err.body
     root = Path(health.get("cgroup_root") or defaults.CGROUP_ROOT)
     cgroup = root / spec["cgroup"]
     child = [0]  # the command's pid, once it runs: signals go to it

@@ -58,6 +58,8 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
     lines.append(f"  cgroup    {shown.get('cgroup') or _NONE}")
     if shown.get("unplaced"):
         lines.append(f"  unplaced  {shown['unplaced']}")
+    if shown.get("outside"):
+        lines.append(f"  outside   {shown['outside']}")
     memory = shown.get("memory") or {}
     if memory:
         lines.append(f"  memory    {_memory(memory)}")

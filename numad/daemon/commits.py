@@ -24,6 +24,7 @@ from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
 from numad.host.cgroup.events import CgroupEvents
+from numad.host.cgroup.path import CgroupPath
 from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
@@ -110,13 +111,17 @@ class Commits:
         as scanned before the lock); an admission or release (``changed``) only takes
         that workload's cgroups out of them: no tree is walked on the API path."""
         held = self.held
-        if changed is None:
+        # The release of a workload outside the managed roots changes what its top-level
+        # cgroup keeps: the others are found anew (rare: a root taken out of the config).
+        if changed is None or self.outside(changed):
             self.find_others(listing)
         else:
             self.leave_others(changed)
         self.isolation.own(self.units(), held.orphans)  # units' placements go through systemd
         memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
-        wanted = targets(held.books, held.specs, held.orphans, held.others, memory or None)
+        wanted = targets(
+            held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
+        )
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
         self.isolation.preset(wanted)
         self.place_irqs()
@@ -162,6 +167,9 @@ class Commits:
             self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
             tops = {p for p in held.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
         held.others = (inside | tops) - owned
+        if held.outside:  # not theirs, nor below them: what runs there is theirs
+            mine = [c for n in held.outside for c in held.cgroups_of(held.specs[n])]
+            held.others = {p for p in held.others if not any(_within(p, c) for c in mine)}
         for path in self.isolation.mark(held.others, owned):
             self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
 
@@ -228,6 +236,16 @@ class Commits:
         """The workloads' units: their cgroup -> unit."""
         return {s.cgroup: s.unit for s in self.held.specs.values() if s.unit is not None}
 
+    def outside(self, spec: WorkloadSpec) -> bool:
+        """Whether the workload's cgroup lies outside [paths] managed-roots (a root
+        taken out of the config since its admission): numad writes it no more."""
+        roots = [CgroupPath.parse(r.strip("/")) for r in self.config.paths.managed_roots]
+        try:
+            CgroupPath.parse(spec.cgroup).managed_by(roots)
+        except NumadError:
+            return True
+        return False
+
     def settle_orphans(self) -> None:
         """Forget released cgroups that are gone (or belong to a workload again); a
         released unit among them has its runtime settings reset now, not a pass later."""
@@ -245,3 +263,7 @@ class Commits:
             for path in settled - owned:
                 self.enforcer.forget(path)
             self.isolation.own(self.units(), held.orphans)
+
+
+def _within(path: str, cgroup: str) -> bool:
+    return path == cgroup or path.startswith(cgroup + "/")

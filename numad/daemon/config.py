@@ -30,7 +30,8 @@ values of the wrong type or outside their range, are errors naming the key
 
     [paths]
     cgroup-root = "/sys/fs/cgroup"
-    managed-roots = ["numad.slice"]
+    managed-roots = ["numad.slice"]   # a root taken out keeps its workloads held, their
+                                      # cgroups unwritten, numad not ready (README)
     state-dir = "/var/lib/numad"
     socket = "/run/numad/numad.sock"
     workloads-dir = "/etc/numad/workloads.d"

@@ -69,6 +69,9 @@ class Holdings:
         self.orphans: set[str] = set()  # released cgroups that still exist
         self.others: set[str] = set()  # no workload's, isolated from exclusive CPUs
         self.seen: set[str] = set()  # workloads whose cgroup has existed
+        # Workloads whose cgroup lies outside [paths] managed-roots now (a root taken
+        # out of the config since): their CPUs stay held, their cgroups unwritten.
+        self.outside: set[str] = set()
         self.gone_since: dict[str, float] = {}  # workload -> when its cgroups went
         self.rediscover_pending = False
         self.stopped = False
@@ -78,6 +81,13 @@ class Holdings:
 
     def cgroups_of(self, spec: WorkloadSpec) -> set[str]:
         return {spec.container_cgroup(c) for c in spec.containers}
+
+    def forget(self, name: str) -> None:
+        """What is known of a released workload besides its spec and books."""
+        self.seen.discard(name)
+        self.outcomes.pop(name, None)
+        self.gone_since.pop(name, None)
+        self.outside.discard(name)
 
     def owned(self) -> set[str]:
         """Every cgroup of an admitted workload."""

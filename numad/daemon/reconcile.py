@@ -174,7 +174,9 @@ class Reconciler:
         now = self.clock()
         was = set(held.seen)
         for name, spec in list(held.specs.items()):
-            if spec.unit is not None:  # stopped or started, the unit is still the workload
+            # Stopped or started, a unit is still the workload; one outside the managed
+            # roots is no longer looked at: it waits for its release or its root.
+            if spec.unit is not None or name in held.outside:
                 continue
             present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
             if any(p is True for p in present):
@@ -203,9 +205,10 @@ class Reconciler:
         return all(self.enforcer.empty(path) is True for path in cgroups)
 
     def _readmit(self) -> None:
-        """Place each unplaced workload that fits again, as a new admission would."""
+        """Place each unplaced workload that fits again, as a new admission would (not
+        one outside the managed roots: numad could not write its placement)."""
         held = self.held
-        for name in sorted(held.unplaced):
+        for name in sorted(held.unplaced.keys() - held.outside):  # not written: not placed
             try:
                 books, outcome = admit(held.engine, held.books, held.specs[name].to_request())
             except NumadError as err:  # e.g. its device class left the config

@@ -2,8 +2,9 @@
 
 Daemon side. Every recorded workload comes back exactly, repaired, or unplaced
 (``numad.daemon.restore`` decides which); none is dropped while its spec can be
-read. Released cgroups that still exist come back as orphans, and what each cgroup
-file may still hold (its grant) until numad writes it again.
+read, not even one whose managed root left the config (it is held, unwritten).
+Released cgroups that still exist come back as orphans, and what each cgroup file
+may still hold (its grant) until numad writes it again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.restore import restore
 from numad.errors import NumadError, SpecError
 from numad.host.cgroup import CgroupPath
-from numad.host.targets import Log
+from numad.host.targets import Log, union
 from numad.observe import Problems
 from numad.workload.shape import WorkloadSpec
 from numad.workload.spec import parse_spec
@@ -48,7 +49,7 @@ def resume(  # noqa: PLR0917 - the parts start-up reads and fills
     held.seen = set(checkpoint.seen) & checkpoint.workloads.keys()  # gone while down: released
     for name, record in sorted(checkpoint.workloads.items()):
         try:
-            spec = _restored_spec(name, record, config, health)
+            spec = _restored_spec(name, record, config)
         except NumadError as err:
             health.set(f"workload:{name}", f"{name}: dropped on restart: {err}")
             log.error("workload_dropped", workload=name, problem=str(err))
@@ -63,6 +64,8 @@ def resume(  # noqa: PLR0917 - the parts start-up reads and fills
             commits.unplace(name, what.removeprefix("unplaced: "))
         elif what:
             log.warning("workload_replaced", workload=name, change=what)
+        if commits.outside(spec):
+            _hold_outside(held, spec, config, health, log)
     managed = held.orphans | {
         s.container_cgroup(c) for s in held.specs.values() for c in s.containers
     }
@@ -70,27 +73,34 @@ def resume(  # noqa: PLR0917 - the parts start-up reads and fills
         del grants[path]
 
 
-def _restored_spec(
-    name: str, record: state.Record, config: Config, health: Problems
-) -> WorkloadSpec:
+def _restored_spec(name: str, record: state.Record, config: Config) -> WorkloadSpec:
     """The recorded spec, read without the config's device classes (a class removed
-    from the config leaves the workload unplaced, not dropped); a cgroup now
-    outside the managed roots keeps its workload, flagged, holding its CPUs."""
+    from the config leaves the workload unplaced, not dropped) and with its cgroup's
+    top-level cgroup as a managed root if the config no longer has its root."""
     text = json.dumps(record.spec)
     roots = config.paths.managed_roots
     try:
         return parse_spec(text, "json", managed_roots=roots, device_classes=None)
     except SpecError:
-        cgroup = str(record.spec.get("cgroup", ""))
-        spec = parse_spec(
-            text,
-            "json",
-            managed_roots=(*roots, cgroup.split("/", maxsplit=1)[0]),
-            device_classes=None,
-        )
+        top = str(record.spec.get("cgroup", "")).split("/", maxsplit=1)[0]
+        return parse_spec(text, "json", managed_roots=(*roots, top), device_classes=None)
+
+
+def _hold_outside(
+    held: Holdings, spec: WorkloadSpec, config: Config, health: Problems, log: Log
+) -> None:
+    """A workload whose cgroup a root taken out of the config held: its CPUs stay
+    its own (in no pool, granted to no one), its cgroups as numad last wrote them,
+    and numad is not ready until it is released or its root is back."""
+    held.outside.add(spec.name)
+    mine = [c for (w, _), c in held.books.cpu.assignments.items() if w == spec.name]
+    cpus = CPUSet.from_bits(union(mine)).format_list()
+    roots = ", ".join(config.paths.managed_roots)
+    keeps = f"keeps its exclusive cpus {cpus}" if cpus else "holds no exclusive cpus for it"
     health.set(
-        f"workload:{name}",
-        f"{name}: cgroup {spec.cgroup} is outside the managed roots"
-        f" ({', '.join(roots)}); numad cannot write it; release it or add its root back",
+        f"outside:{spec.name}",
+        f"workload {spec.name}: its cgroup {spec.cgroup} is outside [paths] managed-roots"
+        f" ({roots}); numad {keeps} and writes its cgroups no more;"
+        f" release it (numad release {spec.name}) or add its root back and restart numad",
     )
-    return spec
+    log.error("workload_outside_roots", workload=spec.name, cgroup=spec.cgroup, cpus=cpus)

@@ -210,9 +210,10 @@ class Daemon:
     @property
     def ready(self) -> bool:
         """Started, and able to do its job: the checkpoint writable, the cgroup root
-        there, the last reconcile pass done."""
+        there, the last reconcile pass done, no workload held outside the managed roots
+        (its placement is committed, but numad can no longer enforce it)."""
         blocking = ("checkpoint", "cgroup-root", "loop:reconcile")
-        return self.started and not any(self.health.has(k) for k in blocking)
+        return self.started and not self.held.outside and not any(map(self.health.has, blocking))
 
     @property
     def problems(self) -> list[str]:
@@ -355,10 +356,9 @@ class Daemon:
                 raise
             self.commits.crash_point("release:after-checkpoint")
             held.books, held.specs = books, specs
-            held.seen.discard(name)
-            held.outcomes.pop(name, None)
-            held.gone_since.pop(name, None)
+            held.forget(name)
             self.health.clear(f"workload:{name}")
+            self.health.clear(f"outside:{name}")
             self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
             with contextlib.suppress(KeyError):  # never measured
                 self.metrics.locality.remove(name)

@@ -122,6 +122,13 @@ class Views:
                 shown["unplaced"] = held.unplaced[name]
             shown["memory"] = self.memory_of(name)
             shown["state"] = shown["memory"]["state"]
+            if name in held.outside:
+                shown["state"] = "outside"
+                shown["outside"] = (
+                    "its cgroup is outside [paths] managed-roots: numad keeps its CPUs and"
+                    f" writes its cgroups no more; release it (numad release {name}) or add"
+                    " its root back and restart numad"
+                )
             return shown
 
     def _memory_nodes(self, name: str) -> tuple[list[str], NodeSet]:

@@ -11,9 +11,11 @@ exclusive CPUs its file may still hold (``grants``: the last exclusive set
 written there, kept in the checkpoint) until the file is rewritten or gone.
 The cgroups that follow the shared pool (released cgroups, cgroups that are
 no workload's, shared containers, unplaced workloads) never get a CPU that
-another cgroup may hold as a grant, and shrink before any exclusive set is
-written; an exclusive set is granted only once no other cgroup may run on its
-CPUs (a shared cgroup that failed to shrink, or an older grant elsewhere).
+another cgroup may hold as a grant (but one above a workload numad no longer
+writes keeps that workload's CPUs: ``Target.keeps``), and shrink before any
+exclusive set is written; an exclusive set is granted only once no other cgroup
+may run on its CPUs (a shared cgroup that failed to shrink, or an older grant
+elsewhere).
 """
 
 from __future__ import annotations
@@ -24,16 +26,9 @@ from pathlib import Path
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
 from numad.host.cgroup.path import MAX_DEPTH
-from numad.host.targets import Cgroups, Listing, Log, Moves, Scan, Target, related_to
+from numad.host.targets import Cgroups, Listing, Log, Moves, Scan, Target, related_to, union
 from numad.observe import EnforcementCounters, Problems
 from numad.workload.shape import WorkloadSpec
-
-
-def _union(masks: Iterable[int]) -> int:
-    union = 0
-    for mask in masks:
-        union |= mask
-    return union
 
 
 class Enforcer:
@@ -142,7 +137,7 @@ class Enforcer:
         tests' failpoints."""
         shared = [t for t in wanted if not t.exclusive]
         pending = [t for t in wanted if t.exclusive and not self._holds(t)]
-        claimed = _union(t.cpus for t in pending)
+        claimed = union(t.cpus for t in pending)
         narrow = [  # shared CPUs in their files that others are about to be granted
             t
             for t in pending
@@ -179,8 +174,9 @@ class Enforcer:
 
     def _share(self, t: Target, pool: int) -> bool:
         """Write the shared pool less what other cgroups may still run on as an
-        exclusive grant; never an empty set (that would mean every CPU)."""
-        cpus = pool & ~self._granted_elsewhere(t.path)
+        exclusive grant (but with what a cgroup above a workload numad no longer
+        writes ``keeps``); never an empty set (that would mean every CPU)."""
+        cpus = (pool & ~self._granted_elsewhere(t.path)) | t.keeps
         if cpus:
             return self.write(t.path, cpus, t.mems)
         if self.exists(t.path):
@@ -196,7 +192,7 @@ class Enforcer:
 
     def _granted_elsewhere(self, path: str) -> int:
         """The CPUs other cgroups may run on as an exclusive grant."""
-        return _union(cpus for p, cpus in self.grants.items() if p != path)
+        return union(cpus for p, cpus in self.grants.items() if p != path)
 
     def _grant(self, pending: list[Target], blocked: int, failing: list[str]) -> None:
         """Grant each exclusive set once no other cgroup may run on its CPUs: one

@@ -79,6 +79,7 @@ class Isolation:
         self.online = CPUSet()  # the online CPUs, set by the daemon: "every CPU" on stop
         self.host: Cgroups | None = None
         self.tops: set[str] = set()
+        self._fenced: dict[str, Cgroups] = {}  # top -> a backend fenced to it (``_backend``)
         self.stopping = threading.Event()  # numad stops: ``hurry``
         self.workloads = WorkloadUnits(
             None,
@@ -204,9 +205,21 @@ class Isolation:
     # -- the Cgroups protocol --------------------------------------------------------------
 
     def _backend(self, path: str) -> Cgroups:
-        if self.host is not None and path.split("/", maxsplit=1)[0] in self.tops:
+        top = path.split("/", maxsplit=1)[0]
+        if self.host is not None and top in self.tops:
             return self.host
+        if top and self.host_backend is not None and self._outside(path):
+            # A released workload's cgroup under a root taken out of the config, with
+            # no isolation to reach it: given back through a backend fenced to its top.
+            if top not in self._fenced:
+                self._fenced[top] = self.host_backend([top])
+            return self._fenced[top]
         return self.cgroups
+
+    def _outside(self, path: str) -> bool:
+        roots = getattr(self.cgroups, "managed_roots", ())
+        parts = tuple(path.split("/"))
+        return bool(roots) and not any(parts[: len(r.parts)] == r.parts for r in roots)
 
     def exists(self, path: str) -> bool:
         unit = self.workloads.unit_of(path)

@@ -7,7 +7,7 @@ hand it cgroups (isolation, the daemon's commits). Reads nothing itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,7 +52,9 @@ class Target:
     cpus: int
     mems: NodeSet | None
     exclusive: bool
-    held: int = 0  # a released cgroup: the exclusive CPUs it may still run on
+    # A shared cgroup above a workload numad no longer writes (``outside``): that
+    # workload's exclusive CPUs, which it keeps beside the pool so they stay in effect.
+    keeps: int = 0
 
 
 def targets(
@@ -61,16 +63,21 @@ def targets(
     orphans: Iterable[str],
     others: Iterable[str] = (),
     every_node: NodeSet | None = None,
+    *,
+    outside: Collection[str] = (),
 ) -> list[Target]:
     """Every cgroup numad writes, in write order: released cgroups that still exist
     (their processes must leave the CPUs numad hands out next) and the other
     cgroups it isolates (``others``), then each workload's containers. Unplaced
     workloads hold nothing and follow the pool. A released cgroup gets ``every_node``
     (the nodes with memory), so memory numad pinned is free again; the others'
-    memory nodes, and an unpinned workload's, are not touched."""
+    memory nodes, and an unpinned workload's, are not touched. The workloads named
+    in ``outside`` are not written: a cgroup numad isolates above one of them keeps
+    its exclusive CPUs beside the pool, so it runs where it was placed."""
     pool = books.cpu.shared_pool
     out: list[Target] = []
     owned: set[str] = set()
+    kept: dict[str, int] = {}  # an outside workload's cgroup -> its exclusive CPUs
     for name, spec in sorted(specs.items()):
         held = placements(books, name)
         for c in spec.containers:
@@ -78,16 +85,34 @@ def targets(
             owned.add(path)
             p = held.get(c.name)
             mems = p.mems if p is not None and p.mems else None
-            if p is not None and p.cpus:
-                out.append(Target(path, p.cpus.bits, mems, exclusive=True))
+            cpus = p.cpus.bits if p is not None and p.cpus else 0
+            if name in outside:
+                kept[path] = cpus
+            elif cpus:
+                out.append(Target(path, cpus, mems, exclusive=True))
             else:
                 out.append(Target(path, pool, mems, exclusive=False))
     orphaned = set(orphans) - owned
     shared = sorted((orphaned | set(others)) - owned)
     released = [
-        Target(p, pool, every_node if p in orphaned else None, exclusive=False) for p in shared
+        Target(
+            p,
+            pool,
+            every_node if p in orphaned else None,
+            exclusive=False,
+            keeps=union(cpus for k, cpus in kept.items() if k.startswith(p + "/")),
+        )
+        for p in shared
     ]
     return released + out
+
+
+def union(masks: Iterable[int]) -> int:
+    """The CPUs (or nodes) of every mask."""
+    found = 0
+    for mask in masks:
+        found |= mask
+    return found
 
 
 def related_to(path: str, cgroups: Iterable[str]) -> bool:

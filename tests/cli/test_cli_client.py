@@ -212,6 +212,42 @@ def test_run_signalled_releases(daemon: Numad, sig: signal.Signals) -> None:
     _gone(daemon, "r3")
 
 
+def test_run_on_a_daemon_that_is_not_ready(tmp_path: Path) -> None:
+    """A 503 from /v1/health (numad not ready, e.g. a workload outside the managed
+    roots) still says where the cgroup tree is: numad run goes on and asks to admit."""
+    cgroup = tmp_path / "cgroup" / "numad.slice" / "r4"
+    cgroup.mkdir(parents=True)
+    health = {
+        "ready": False,
+        "problems": ["workload db: ..."],
+        "cgroup_root": str(cgroup.parents[1]),
+    }
+    placed = {"containers": {"main": {"cpus": "2", "exclusive": True, "mems": ""}}}
+    answers: Answers = {
+        ("GET", "/v1/health"): (503, health),
+        ("POST", "/v1/workloads"): (201, placed),
+        ("DELETE", "/v1/workloads/r4"): (200, {"released": "r4"}),
+    }
+    socket = str(tmp_path / "fake.sock")
+    with FakeDaemon(tmp_path / "fake.sock", answers) as fake:
+        argv = ["run", "--socket", socket, "--name", "r4", "--cpus", "1", "--", "true"]
+        done = subprocess.run(
+            [sys.executable, "-m", "numad", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "numad: r4: released"
+    assert (cgroup / "cgroup.procs").read_text().strip().isdigit()  # it joined its cgroup
+    assert [r[:2] for r in fake.requests] == [
+        ("GET", "/v1/health"),
+        ("POST", "/v1/workloads"),
+        ("DELETE", "/v1/workloads/r4"),
+    ]
+
+
 # -- systemd units by name (a stand-in daemon) --------------------------------------------------
 
 

@@ -187,6 +187,34 @@ def test_a_unit_survives_a_numad_restart(machines: Machines, tmp_path: Path) -> 
     assert fake.allowed("pg.service") == placed
 
 
+def test_a_unit_whose_slice_left_the_managed_roots_keeps_its_placement(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db.slice taken out of [paths] managed-roots: numad tells systemd nothing more
+    about pg.service (it keeps the placement systemd applies at each start) until
+    its release, which gives it the shared pool, through systemd, as any release."""
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    name = _admit(daemon, unit="pg.service", cpus=4)
+    placed = _placement(daemon, name)
+    daemon.stop()
+    again = restarted_daemon(daemon, {"paths": {"managed-roots": ["numad.slice"]}})
+    again.isolation.systemd = fake
+    told = len(fake.calls)
+    again.reconcile()
+    fake.stop("pg.service")
+    fake.start("pg.service")  # systemd applies what it was told before
+    again.reconcile()
+    assert not again.ready
+    assert f"workload {name}: its cgroup db.slice/pg.service is outside" in again.problems[0]
+    assert fake.calls[told:] == []
+    assert fake.allowed("pg.service") == placed
+    assert _held(again, "db.slice/pg.service") == placed
+    again.release(name)
+    pool = CPUSet.from_bits(again.books.cpu.shared_pool)
+    assert again.ready
+    assert fake.allowed("pg.service")[0] == pool
+
+
 @pytest.mark.parametrize(
     ("unit", "systemd", "message"),
     [
