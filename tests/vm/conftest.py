@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from tests.vm import harness
+from tests.vm import harness, pace
 from tests.vm.progress import _tag_vm_tests
 
 __all__ = ["_tag_vm_tests"]  # an autouse fixture: a line per VM as it finishes
@@ -22,6 +22,13 @@ def vm_ready() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"the VM tier must run in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vm_pace(vm_ready: None) -> pace.Pace:
+    """This host's pace, measured once per session (and xdist worker) as the VM tier
+    starts on it: the VM deadlines scale by it (tests/vm/pace.py)."""
+    return pace.measure()
 
 
 def _unavailable() -> str | None:

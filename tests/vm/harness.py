@@ -342,12 +342,15 @@ def boot(
     init: Path = HERE / "init.sh",
     append: Sequence[str] = (),
     tcg_threads: str = "single",
+    slowdown: float = 1.0,
 ) -> Result:
     """Boot ``kernel`` with ``qemu_args`` (topology), run ``command`` in the guest, power off.
 
     ``files`` land in the guest's ``/vmctl`` (a name may hold folders); ``init`` is the
     initramfs's /init (init-systemd.sh hands over to systemd); ``append`` adds kernel
-    arguments.
+    arguments. ``timeout`` is the wall-clock deadline for the whole boot (tests/vm/pace.py
+    scales it to the host's load); ``slowdown`` reaches the guest as ``VMTEST_SLOWDOWN``,
+    which its checks multiply their own waits by.
     """
     out = workdir / "vmctl"
     out.mkdir(parents=True)
@@ -368,6 +371,7 @@ def boot(
         "VMTEST": "1",
         "VMTEST_OUT": "/vmctl",  # the writable share, where init mounts it
         "VMTEST_KERNEL": kernel.line,
+        "VMTEST_SLOWDOWN": f"{slowdown:.2f}",
     }
     script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest_env.items())
     script += f"cd {shlex.quote(str(PROJECT))}\nexec {shlex.join(command)}\n"

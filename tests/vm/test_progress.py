@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm.progress import VM_SECONDS
+from tests.vm.progress import VM_DEADLINE, VM_PACE, VM_SECONDS
 
 PROJECT = Path(__file__).resolve().parent.parent.parent
 
@@ -40,6 +40,9 @@ import pytest
 @pytest.mark.vm
 @pytest.mark.parametrize("name", ["2node-6.1", "4node-6.12"])
 def test_boot(name, record_property):
+    if name == "4node-6.12":
+        record_property("{VM_DEADLINE}", 564.0)
+        record_property("{VM_PACE}", 2.0)
     record_property("{VM_SECONDS}", 12.5 if name == "2node-6.1" else 80.25)
     assert name == "2node-6.1", "in-guest checks failed"
 
@@ -47,6 +50,13 @@ def test_boot(name, record_property):
 @pytest.mark.vm
 def test_never_finished():
     raise TimeoutError("the VM did not power off within 300 s")
+
+
+@pytest.mark.vm
+def test_hung(record_property):
+    record_property("{VM_DEADLINE}", 846.4)
+    record_property("{VM_PACE}", 1.004)
+    raise TimeoutError("the VM did not power off within 846 s")
 
 
 @pytest.mark.vm
@@ -89,7 +99,8 @@ def test_each_vm_is_reported_as_it_finishes(tmp_path: Path, args: tuple[str, ...
     lines = [line for line in out.splitlines() if line.startswith("VM ")]
     assert sorted(line.rsplit(", test ", 1)[0] for line in lines) == [
         "VM test_boot[2node-6.1]: passed, the VM ran 12.5 s",
-        "VM test_boot[4node-6.12]: failed, the VM ran 80.2 s",
+        "VM test_boot[4node-6.12]: failed, the VM ran 80.2 s (deadline 564 s at pace 2.00x)",
+        "VM test_hung: failed, no VM time (it did not finish; deadline 846 s at pace 1.00x)",
         "VM test_never_finished: failed, no VM time (it did not finish)",
     ]
     for line in lines:  # the test's own time follows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm import harness, progress
+from tests.vm import harness, pace, progress
 from tests.vm.topologies import MACHINES
 
 CHECKS = "tests/vm/guest/systemd_checks.py"
@@ -24,7 +24,6 @@ OWN_UNITS = (TARGET, "numad-vm-checks.service")  # in tests/vm/systemd
 CONFIG = "/run/numad-vm/numad.toml"  # written by the checks before they start numad
 HOMES = (Path("/root"), Path("/home"), Path("/run/user"))  # what ProtectHome= hides
 TMPS = (Path("/tmp"), Path("/var/tmp"))  # noqa: S108 - what PrivateTmp= replaces
-TIMEOUT = 600.0  # boot, a watchdog restart (30 s and a start) and shutdown under TCG
 CASES = [pytest.param(m, k, id=f"{m}-{k}") for m in ("2node", "4node") for k in harness.KERNELS]
 
 
@@ -73,7 +72,7 @@ def units() -> dict[str, str]:
 @pytest.mark.vm
 @pytest.mark.parametrize(("machine", "line"), CASES)
 def test_numad_as_a_systemd_unit(
-    vm_ready: None,
+    vm_pace: pace.Pace,
     machine: str,
     line: str,
     tmp_path: Path,
@@ -85,6 +84,10 @@ def test_numad_as_a_systemd_unit(
     topology = replace(base, nodes=nodes)
     command = [sys.executable, "-m", "pytest", CHECKS, "-p", "no:cacheprovider"]
     command += ["--noconftest", "-q", "-rfEs", "--junitxml=/vmctl/junit.xml"]
+    # Boot, a watchdog restart (30 s and a start) and shutdown under TCG.
+    deadline = vm_pace.deadline("systemd")
+    progress.record_deadline(record_property, deadline, vm_pace.slowdown)  # for its line
+    print(f"{vm_pace.describe()}: {deadline:.0f} s for this VM")
     result = harness.boot(
         harness.kernel(line),
         topology.qemu_args(),
@@ -94,7 +97,8 @@ def test_numad_as_a_systemd_unit(
         files={**units(), "expected.json": json.dumps(topology.expected())},
         init=harness.HERE / "init-systemd.sh",
         append=[f"systemd.unit={TARGET}"],
-        timeout=TIMEOUT,
+        timeout=deadline,
+        slowdown=vm_pace.factor,
     )
     record_property(progress.VM_SECONDS, result.seconds)  # for the line printed as it ends
     print(f"{machine} on {line} under systemd: {result.seconds:.1f} s in the VM")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vm import harness, progress
+from tests.vm import harness, pace, progress
 from tests.vm.topologies import MACHINES
 
 CHECKS = "tests/vm/guest/checks.py"
@@ -31,7 +31,7 @@ OCI_CHECKS = (
 @pytest.mark.vm
 @pytest.mark.parametrize(("machine", "line", "cgroup"), CASES)
 def test_numad_on_a_real_kernel(
-    vm_ready: None,
+    vm_pace: pace.Pace,
     machine: str,
     line: str,
     cgroup: str,
@@ -44,6 +44,9 @@ def test_numad_on_a_real_kernel(
     expected = {**topology.expected(), "cgroup": cgroup, "oci": oci}
     command = [sys.executable, "-m", "pytest", CHECKS, "-p", "no:cacheprovider"]
     command += ["--noconftest", "-q", "-rfEs", "--junitxml=/vmctl/junit.xml"]
+    deadline = vm_pace.deadline("busybox", runc=oci)
+    progress.record_deadline(record_property, deadline, vm_pace.slowdown)  # for its line
+    print(f"{vm_pace.describe()}: {deadline:.0f} s for this VM")
     result = harness.boot(
         harness.kernel(line),
         topology.qemu_args(),
@@ -52,8 +55,8 @@ def test_numad_on_a_real_kernel(
         memory_mib=topology.memory_mib,
         cgroup=cgroup,
         files={"expected.json": json.dumps(expected)},
-        # runc and four hook runs take 30-45 s under TCG on a loaded host
-        timeout=harness.VM_TIMEOUT + (60 if oci else 0),
+        timeout=deadline,
+        slowdown=vm_pace.factor,
     )
     record_property(progress.VM_SECONDS, result.seconds)  # for the line printed as it ends
     print(f"{machine} on {line} ({cgroup}): {result.seconds:.1f} s in the VM")

@@ -43,7 +43,11 @@ SOCKET = "/run/numad/numad.sock"
 STATE = Path("/var/lib/numad")
 NUMAD = [str(Path(sys.executable).parent / "numad")]  # the console script, a new process
 RESERVED = CPUSet.parse_list("0")
-WAIT = 90.0  # seconds; emulated CPUs are 10-30x slower than the host's
+# How much slower the host was than a quiet one when it booted this VM (tests/vm/pace.py):
+# every wait below stretches by it.
+SLOWDOWN = max(1.0, float(os.environ.get("VMTEST_SLOWDOWN") or 1))
+WAIT = 90.0 * SLOWDOWN  # seconds; emulated CPUs are 10-30x slower than the host's
+CALL = 60.0 * SLOWDOWN  # one API call, or a process's exit after a signal
 CONFIG = f"""
 [topology]
 policy = "best-effort"
@@ -155,7 +159,7 @@ class Daemon:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         text = None if body is None else json.dumps(body)
-        return request(SOCKET, method, path, text, timeout=60)
+        return request(SOCKET, method, path, text, timeout=CALL)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +173,7 @@ def numad() -> Iterator[Daemon]:
     yield daemon
     if daemon.proc is not None and daemon.proc.poll() is None:
         daemon.proc.terminate()
-        daemon.proc.wait(timeout=60)
+        daemon.proc.wait(timeout=CALL)
     print(daemon.logs())
 
 
@@ -391,7 +395,7 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     with pytest.raises((OSError, APIError)):
         numad.call("POST", "/v1/workloads", _spec("crash1", cpus=1))
     assert numad.proc is not None
-    numad.proc.wait(timeout=60)
+    numad.proc.wait(timeout=CALL)
     # Killed between its two writes: the shared pool has shrunk, the exclusive set is
     # not written yet. In no order of writes may a CPU be in both at once.
     half_written = CPUSet.parse_list(cpuset_file("crash1", "cpus"))
@@ -413,7 +417,7 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     time.sleep(1.0)
     numad.kill()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=CALL)
     numad.start()
     check_invariants(numad)
     for name in {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}:

@@ -45,7 +45,11 @@ STATE = Path("/var/lib/numad")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NUMAD = [str(Path(sys.executable).parent / "numad")]
 KERNEL = os.environ.get("VMTEST_KERNEL", "")  # "6.1", "6.12"
-WAIT = 90.0  # seconds; emulated CPUs are 10-30x slower than the host's
+# How much slower the host was than a quiet one when it booted this VM (tests/vm/pace.py):
+# every wait below stretches by it.
+SLOWDOWN = max(1.0, float(os.environ.get("VMTEST_SLOWDOWN") or 1))
+WAIT = 90.0 * SLOWDOWN  # seconds; emulated CPUs are 10-30x slower than the host's
+CALL = 60.0 * SLOWDOWN  # one API call
 # Outside /tmp: PrivateTmp=yes gives numad a /tmp of its own.
 CONFIG = f"""
 [topology]
@@ -152,7 +156,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) ->
 
 def api(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     text = None if body is None else json.dumps(body)
-    return request(SOCKET, method, path, text, timeout=60)
+    return request(SOCKET, method, path, text, timeout=CALL)
 
 
 def answers() -> bool:
@@ -586,7 +590,7 @@ def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
         )
 
     # WatchdogSec=30, SIGABRT, RestartSec=2s, then a start under emulation.
-    wait_for(restarted, "systemd to restart the hung numad", timeout=150)
+    wait_for(restarted, "systemd to restart the hung numad", timeout=150 * SLOWDOWN)
     assert "Watchdog timeout" in journal(UNIT), journal(UNIT)[-3000:]
     assert not Path(f"/proc/{hung}").exists()
     assert answers(), "active means READY=1: the new numad answers at once"
