@@ -1,27 +1,21 @@
 """systemd's D-Bus API: the AllowedCPUs= and AllowedMemoryNodes= of units.
 
-An adapter at the host edge, and the only module that speaks D-Bus (jeepney
-lives here and nowhere else). It touches systemd's sockets and nothing else;
-what it sets is runtime unit state, which systemd then writes to the unit's
-cgroup itself.
+An adapter at the host edge; with ``numad.host.dbus_stream`` the only module
+that speaks D-Bus (jeepney lives in these two and nowhere else). It touches
+systemd's sockets and nothing else; what it sets is runtime unit state, which
+systemd then writes to the unit's cgroup itself.
 
 As root, numad talks to systemd's private peer socket, as systemctl does
 (src/shared/bus-util.c, bus_connect_system_systemd): a peer-to-peer stream with
 no bus daemon, so no Hello call, and a peer that must run as root or as us
-(bus_check_peercred). jeepney's blocking connection always says Hello, so this
-module builds its stream from jeepney's pieces: its SASL ``Authenticator``, its
-message ``Parser`` and its message builders. Otherwise it goes through the
-system bus (with Hello). Every call has a deadline. A ``Systemd`` has one owner
-at a time (a stream carries one call at a time); it is not thread-safe.
+(bus_check_peercred). jeepney's blocking connection always says Hello, so the
+stream is built from jeepney's pieces (``numad.host.dbus_stream``). Otherwise it
+goes through the system bus (with Hello). Every call has a deadline. Calls from
+several threads take turns on one stream.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -34,16 +28,15 @@ from jeepney import (
     HeaderFields,
     Message,
     MessageType,
-    Parser,
     Properties,
     new_method_call,
 )
-from jeepney.auth import BEGIN, Authenticator
 from jeepney.bus import get_connectable_addresses
 from jeepney.bus_messages import message_bus
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
+from numad.host.dbus_stream import Stream, stray
 
 PRIVATE_ADDRESS = "unix:path=/run/systemd/private"
 SYSTEM_BUS_ADDRESS = "unix:path=/run/dbus/system_bus_socket"
@@ -100,97 +93,15 @@ def _cgroup_interface(unit: str) -> str:
     return f"{_SYSTEMD}.{_CGROUP_INTERFACES[suffix]}"
 
 
-class _Stream:
-    """One authenticated D-Bus stream over a Unix socket; each call has a deadline."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._parser = Parser()
-        self._serials = itertools.count(1)
-        # Replies to no call waiting on them: a lost reply would show here (the
-        # reply to a call that had already timed out, or one sent to the wrong call).
-        self.unmatched: list[int] = []
-        self.serial = 0  # the last call's
-
-    @classmethod
-    def open(cls, path: str, timeout: float, *, peer: bool) -> _Stream:
-        """Connect and authenticate (SASL EXTERNAL); raises OSError or ValueError."""
-        deadline = time.monotonic() + timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        stream = cls(sock)
-        try:
-            stream._bound(deadline)
-            sock.connect(path)
-            if peer:
-                # What systemctl checks of the private socket (bus_check_peercred).
-                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                _, uid, _ = struct.unpack("3i", creds)
-                if uid not in (0, os.geteuid()):
-                    raise PermissionError(f"{path}: the peer runs as uid {uid}, not root")
-            auth = Authenticator()  # sends the leading NUL byte, then AUTH EXTERNAL <uid>
-            for line in auth:
-                stream._send(line, deadline)
-                auth.feed(stream._receive(deadline))
-            stream._send(BEGIN, deadline)  # the Authenticator stops before BEGIN
-        except BaseException:
-            sock.close()
-            raise
-        return stream
-
-    def call(self, message: Message, deadline: float) -> Message:
-        """Send ``message`` and return its reply; other messages (signals) are dropped,
-        and a reply to another serial is kept in ``unmatched``."""
-        serial = next(self._serials)
-        self.serial = serial
-        self._send(message.serialise(serial=serial), deadline)
-        while True:
-            reply = self._parser.get_next_message()
-            if reply is None:
-                self._parser.add_data(self._receive(deadline))
-                continue
-            answers = reply.header.fields.get(HeaderFields.reply_serial)
-            if answers == serial:
-                return reply
-            if answers is not None:
-                self.unmatched.append(answers)
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def interrupt(self) -> None:
-        """End a call waiting on this stream now, from any thread (its receive sees
-        the stream shut and raises)."""
-        with contextlib.suppress(OSError):  # closed already: nothing waits on it
-            self._sock.shutdown(socket.SHUT_RDWR)
-
-    def _bound(self, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no reply in time")
-        self._sock.settimeout(left)
-
-    def _send(self, data: bytes, deadline: float) -> None:
-        if data:
-            self._bound(deadline)
-            self._sock.sendall(data)
-
-    def _receive(self, deadline: float) -> bytes:
-        self._bound(deadline)
-        data = self._sock.recv(1 << 16)
-        if not data:
-            raise ConnectionResetError("systemd closed the connection")
-        return data
-
-
 class Systemd:
     """A connection to systemd's manager; build it with ``Systemd.connect``. Calls
     from several threads take turns (the enforcer's and the memory mover's). A stream
     that failed is closed, and the next call connects again."""
 
     def __init__(
-        self, stream: _Stream, address: str, timeout: float, *, path: str, peer: bool
+        self, stream: Stream, address: str, timeout: float, *, path: str, peer: bool
     ) -> None:
-        self._stream: _Stream | None = stream
+        self._stream: Stream | None = stream
         self.address = address
         self.timeout = timeout
         self._path, self._peer = path, peer
@@ -202,7 +113,7 @@ class Systemd:
         self._quiet_until = 0.0
         self._stop_wait: float | None = None  # numad stops: each call's bound (``hurry``)
         self._gave_up = False  # numad stops and a call got no answer: ask no more
-        self._shut: _Stream | None = None  # the stream ``hurry`` shut under a call
+        self._shut: Stream | None = None  # the stream ``hurry`` shut under a call
         # Told each answered call's member and seconds (numad's reply-time histogram).
         self.observe: Callable[[str, float], None] = lambda member, seconds: None
 
@@ -224,7 +135,7 @@ class Systemd:
                 raise SystemdError(addr, "not a Unix socket address", "use unix:path=...") from err
             for path in paths:
                 try:
-                    stream = _Stream.open(path, timeout, peer=peer)
+                    stream = Stream.open(path, timeout, peer=peer)
                 except (OSError, ValueError):  # unreachable, or refused at authentication
                     continue
                 systemd = cls(stream, addr, timeout, path=path, peer=peer)
@@ -373,7 +284,7 @@ class Systemd:
     def _reconnect(self, name: str, member: object) -> None:
         """A new stream where the last one failed (it may have held half a call)."""
         try:
-            self._stream = _Stream.open(self._path, self._wait, peer=self._peer)
+            self._stream = Stream.open(self._path, self._wait, peer=self._peer)
         except (OSError, ValueError) as err:
             self._gave_up = self._stop_wait is not None and isinstance(err, TimeoutError)
             problem = f"cannot call {member}: the connection to {self.address} is lost ({err})"
@@ -386,7 +297,7 @@ class Systemd:
         """How long a call may wait for its answer: shorter once numad stops."""
         return self.timeout if self._stop_wait is None else min(self.timeout, self._stop_wait)
 
-    def _exchange(self, name: str, member: object, stream: _Stream, message: Message) -> Message:
+    def _exchange(self, name: str, member: object, stream: Stream, message: Message) -> Message:
         stopping = self._stop_wait is not None  # asked after ``hurry``: a give-back
         sent = time.monotonic()
         try:
@@ -406,7 +317,7 @@ class Systemd:
             if isinstance(err, TimeoutError):
                 problem = (
                     f"no reply to {member} (serial {stream.serial}) from {self.address}"
-                    f" within {self.timeout:g} s{_stray(stream.unmatched)}"
+                    f" within {self.timeout:g} s{stray(stream.unmatched)}"
                 )
                 raise SystemdError(name, problem, "is systemd stuck?") from err
             problem = f"{member}: the connection to {self.address} failed ({err})"
@@ -425,15 +336,6 @@ class Systemd:
         if reply.header.message_type is not MessageType.method_return or got != signature:
             raise SystemdError(name, f"{what}: unexpected reply of type {got!r}")
         return tuple(reply.body)
-
-
-def _stray(serials: list[int]) -> str:
-    """What a timeout says of replies that came to no waiting call on its stream:
-    none, where systemd was slow; some, where a reply went astray."""
-    if not serials:
-        return "; no reply to any other serial came meanwhile"
-    shown = ", ".join(str(s) for s in serials[-5:])
-    return f"; {len(serials)} replies came to no waiting call (serials {shown})"
 
 
 def _error_name(reply: Message) -> str | None:
