@@ -37,26 +37,31 @@ class Numad:
         self.socket = str(root / "numad.sock")
         self.cgroups = root / "sys" / "fs" / "cgroup"
         self.proc: subprocess.Popen[bytes] | None = None
+        # The daemon's log goes to a file, not a pipe: a pipe nobody reads while the
+        # daemon runs fills at 64 KiB and blocks its next log line (and every request).
+        self.log = root.parent / "numad.log"
 
     def start(self, crash_at: str = "", env: dict[str, str] | None = None) -> None:
         env = {**os.environ, **(env or {}), "NUMAD_TEST_CRASH_AT": crash_at}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "numad",
-                "serve",
-                "--root",
-                str(self.root),
-                "--config",
-                str(self.config),
-                "--socket",
-                self.socket,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        self.logged = self.log.stat().st_size if self.log.exists() else 0  # this run's start
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "numad",
+                    "serve",
+                    "--root",
+                    str(self.root),
+                    "--config",
+                    str(self.config),
+                    "--socket",
+                    self.socket,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=env,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -70,10 +75,12 @@ class Numad:
         assert self.proc is not None
         self.proc.send_signal(sig)
         try:
-            _, err = self.proc.communicate(timeout=20)
+            self.proc.wait(timeout=20)
         finally:
             self.proc.kill()
-        return err.decode(errors="replace")
+        with self.log.open("rb") as log:
+            log.seek(self.logged)
+            return log.read().decode(errors="replace")
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return request(
