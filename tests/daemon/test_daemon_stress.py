@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -46,47 +46,24 @@ CLIENT_TIMEOUT = 10.0  # seconds; a request that takes longer counts as a hang
 ENGINES = "vector-engine"  # 8 on node 0 of MACHINE
 ALLOCATABLE = len(ONLINE - RESERVED)  # no exclusive request above this can ever fit
 
-# -- the daemon, with its stderr read as it comes ---------------------------------------
+# -- the daemon, with what it printed ------------------------------------------------
 
 
 class _Daemon(Numad):
-    """A `Numad` whose stderr is drained by a thread: a flood of tracebacks cannot fill
-    the pipe and stall the daemon, and a test can see whether there were any."""
+    """A `Numad` a test can ask whether it printed any tracebacks (its log is a file,
+    so a flood of them cannot fill a pipe and stall the daemon)."""
 
-    def __init__(self, root: Path, config: Path) -> None:
-        super().__init__(root, config)
-        self.stderr: list[str] = []
-        self._drain: threading.Thread | None = None
-
-    def start(self, *args: Any, **kwargs: Any) -> None:  # whatever the parent takes
-        super().start(*args, **kwargs)
-        assert self.proc is not None
-        assert self.proc.stderr is not None
-        self._drain = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
-        self._drain.start()
-
-    def _read(self, pipe: IO[bytes]) -> None:
-        for line in pipe:
-            self.stderr.append(line.decode(errors="replace"))
-
-    def stop(self, sig: int = signal.SIGTERM) -> str:
-        if self._drain is None:
-            return super().stop(sig)
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        finally:
-            self.proc.kill()
-        self._drain.join(timeout=5)
-        self._drain = None
-        return "".join(self.stderr)
+    def printed(self) -> str:
+        """What this run of the daemon has printed so far."""
+        with self.log.open("rb") as log:
+            log.seek(self.logged)
+            return log.read().decode(errors="replace")
 
     def tracebacks(self) -> str:
         """Each distinct exception numad printed (socketserver prints one block per
         failed request), with its count and its last frame; "" when there were none."""
         seen: dict[str, int] = {}
-        text = "".join(self.stderr)
+        text = self.printed()
         for block in text.split("Exception occurred during processing of request")[1:]:
             lines = [x.strip() for x in block.splitlines()]
             frames = [x for x in lines if x.startswith("File ")]
