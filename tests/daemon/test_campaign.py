@@ -1,20 +1,38 @@
-"""The fault campaign (tests/campaign.py), bounded for CI: thousands of seeded random
-steps of admit, release, hotplug, restarts, crashes and injected faults, with
-numad's promises checked after every step and every cgroup write."""
+"""The fault campaign (tests/campaign/), bounded for CI: thousands of seeded random
+steps of admit, release, hotplug, restarts, crashes, injected faults, cgroups gone
+while numad is down, killed ``numad run`` clients, a full state disk, unreadable
+cpusets and hostile numbers, with numad's promises checked after every step and
+every cgroup write; and each of the newer steps shown to catch its promise broken."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+from collections.abc import Callable
+from decimal import Context
 from pathlib import Path
 
 import pytest
 
-from numad.host import durable
+from numad.daemon import reconcile, state
+from numad.errors import CheckpointError
+from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
-from tests.campaign import MACHINE, Crash, Simulation, run
+from numad.host.targets import Scan
+from numad.workload import quantity, reader
+from tests.campaign import MACHINE, Crash, Simulation, Violation, hostile, outages, run, steps
 from tests.conftest import Machines
+
+OUTAGES = {
+    "cgroup gone while numad was down",
+    "numad run client killed",
+    "state disk full during reconcile",
+    "cpuset drift",
+    "unreadable cpuset",
+    "hostile number",
+}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -25,6 +43,7 @@ def test_no_promise_breaks_under_random_faults(
     assert sim.steps == 1000
     assert sim.checks > 1000  # checked after each step and each cgroup write
     assert sum(sim.faults.injected.values()) > 50  # the faults really came
+    assert set(sim.faults.injected) >= OUTAGES  # each kind of them
     assert sim.admitted > 50  # the workloads really came
 
 
@@ -82,3 +101,94 @@ def test_a_crash_inside_any_checkpoint_write_breaks_no_promise(
         sim.restart()
         sim.check(f"after a crash inside checkpoint write {at}")
         sim.settle()
+
+
+def _stops_at_a_failed_commit(mp: pytest.MonkeyPatch) -> None:
+    """Before: a pass on a full state disk retried the commit and stopped there."""
+    whole = reconcile.Reconciler._pass
+
+    def stopping(self: reconcile.Reconciler, scan: Scan) -> int | None:
+        if self.health.has("checkpoint"):
+            try:
+                self.commits.commit(self.held.books, self.held.specs)
+            except CheckpointError:
+                return 0
+        return whole(self, scan)
+
+    mp.setattr(reconcile.Reconciler, "_pass", stopping)
+
+
+def _forgets_what_it_saw(mp: pytest.MonkeyPatch) -> None:
+    """Before: that a workload's cgroup existed lived in memory only."""
+    encode = state.encode
+    mp.setattr(state, "encode", lambda cp: encode(dataclasses.replace(cp, seen=())))
+
+
+def _converts_huge_integers(mp: pytest.MonkeyPatch) -> None:
+    """Before: a huge integer was converted to Decimal (~20 s for a million hex
+    digits, then decimal.Overflow); here a thousand digits overflow, to be quick."""
+    mp.setattr(quantity, "MAX_BITS", 1 << 40)
+    mp.setattr(reader, "EXACT", Context(prec=200, Emax=1_000))
+    mp.setattr(hostile, "SIZES", (1_000,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Broken:
+    step: Callable[[Simulation], None]
+    mutant: Callable[[pytest.MonkeyPatch], None]  # undoes the fix in this process
+    found: str  # in the Violation
+
+
+BROKEN = [
+    pytest.param(
+        Broken(outages.gone_while_down, _forgets_what_it_saw, "still held after the grace"),
+        id="gone-while-down",
+    ),
+    pytest.param(
+        Broken(
+            outages.killed_client,
+            lambda mp: mp.setattr(reconcile.Reconciler, "_idle", lambda *_: False),
+            "after it emptied",
+        ),
+        id="killed-client",
+    ),
+    pytest.param(
+        Broken(outages.full_disk, _stops_at_a_failed_commit, "on a full disk"), id="full-disk"
+    ),
+    pytest.param(
+        Broken(
+            outages.unreadable_cpuset,
+            lambda mp: mp.setattr(enforce.Enforcer, "_applied_above", lambda *_: -1),
+            "not granted; no other cgroup runs there",
+        ),
+        id="unreadable-blocks-every-cpu",
+    ),
+    pytest.param(
+        Broken(hostile.hostile_numbers, _converts_huge_integers, "raised Overflow"),
+        id="huge-integer-converted",
+    ),
+]
+
+
+def _rounds(sim: Simulation, step: Callable[[Simulation], None]) -> None:
+    try:
+        for _ in range(20):
+            sim.steps += 1
+            steps.admit(sim)
+            steps.admit(sim)
+            step(sim)
+            sim.check(f"step {sim.steps}")
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_each_newer_step_catches_its_promise_broken(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: Broken
+) -> None:
+    """numad with the step's promise broken again as it once was: a few rounds of
+    admissions and the step raise Violation."""
+    broken.mutant(monkeypatch)
+    sim = Simulation(machines.root(MACHINE), tmp_path, seed=7)
+    with pytest.raises(Violation, match=broken.found):
+        _rounds(sim, broken.step)

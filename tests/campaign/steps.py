@@ -1,0 +1,157 @@
+"""The fault campaign's steps inside numad's own life: admit, release, cgroup
+create and remove, CPU offline and online (hotplug), vector engines leaving and
+coming back, clock advance past the release grace, config change and restart,
+crash and restart, and faults (cgroup EBUSY/EINVAL/ENOSPC/EACCES, checkpoint
+short writes/ENOSPC/EIO/fsync failures, exceptions inside the reconcile and
+hotplug loops). Each takes the ``Simulation`` and may raise ``Crash``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from numad.cpuset import CPUSet
+from numad.errors import CheckpointError
+from numad.host import durable
+from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.host.scratch import scratch_mkdir
+from tests.campaign.faults import Crash
+from tests.campaign.world import ALL, NAMES, STRAYS, TOPS, VE_DEVICES, Simulation, Violation
+
+
+def admit(sim: Simulation) -> None:
+    free = [n for n in NAMES if n not in sim.daemon.specs]
+    if not free:
+        return
+    name = sim.rng.choice(free)
+    if sim.rng.random() < 0.8:
+        scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+        sim.removed.discard(name)
+    spec: dict[str, Any] = {"name": name, "cgroup": f"numad.slice/{name}"}
+    spec["cpus"] = sim.rng.choice((1, 2, 3, 4, 6, "500m"))
+    if sim.devices and sim.rng.random() < 0.3:
+        spec["devices"] = {"ve": 1}
+    try:
+        sim.admit(spec)
+    except CheckpointError:
+        if name in sim.daemon.specs:
+            raise Violation(f"{name}: checkpoint failed but admitted in memory") from None
+
+
+def release(sim: Simulation) -> None:
+    if not sim.daemon.specs:
+        return
+    name = sim.rng.choice(sorted(sim.daemon.specs))
+    was_answered = name in sim.answered
+    sim.answered.discard(name)  # a crash inside may or may not have released it
+    try:
+        sim.daemon.release(name)
+    except CheckpointError:
+        if name not in sim.daemon.specs:
+            raise Violation(f"{name}: checkpoint failed but released in memory") from None
+        if was_answered:
+            sim.answered.add(name)
+
+
+def cgroup_churn(sim: Simulation) -> None:
+    if sim.rng.random() < 0.2:  # a top-level cgroup comes or goes (a slice, a scope)
+        top = sim.rng.choice(TOPS)
+        if (sim.cgroups / top).is_dir():
+            shutil.rmtree(sim.cgroups / top)
+        else:
+            CgroupV2Backend(sim.cgroups, [top], emulate_kernel=True).ensure(top)
+        return
+    name = sim.rng.choice(NAMES + STRAYS)  # strays are never admitted: isolated
+    path = sim.cgroups / "numad.slice" / name
+    if path.is_dir():
+        shutil.rmtree(path)
+        sim.removed.add(name)
+        sim.failing.discard(f"numad.slice/{name}")  # a new one has not been written yet
+        sim.drifted.discard(f"numad.slice/{name}")
+    else:
+        scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+
+
+def hotplug(sim: Simulation) -> None:
+    online_file = sim.root / "sys/devices/system/cpu/online"
+    online = CPUSet.parse_list(online_file.read_text())
+    victim = sim.rng.choice(sorted(ALL))
+    if victim in online and len(online) > 8:
+        new = online - CPUSet([victim])
+        sim.faults.injected["cpu offline"] += 1
+    else:
+        new = online | CPUSet([victim])
+    online_file.write_text(new.format_list() + "\n")
+    if sim.rng.random() < 0.2:
+        sim.faults.loop_exception = True
+    sim.daemon.supervisor.run_once("hotplug", sim.daemon.rediscover)
+
+
+def device_churn(sim: Simulation) -> None:
+    """A vector engine leaves (removed, or its driver not bound yet) or comes back;
+    numad hears of it by hotplug or at its next start."""
+    devices, stash = sim.root / "sys/bus/pci/devices", sim.root / "stash"
+    stash.mkdir(exist_ok=True)
+    address = sim.rng.choice(VE_DEVICES)
+    if (devices / address).exists():
+        (devices / address).rename(stash / address)
+        sim.faults.injected["device removed"] += 1
+    elif (stash / address).exists():
+        (stash / address).rename(devices / address)
+    if sim.rng.random() < 0.5:
+        sim.daemon.supervisor.run_once("hotplug", sim.daemon.rediscover)
+    else:
+        sim.restart()
+
+
+def reconcile(sim: Simulation) -> None:
+    if sim.daemon.specs and sim.rng.random() < 0.2:  # exists() is asked of each
+        sim.faults.loop_exception = True
+        if sim.reconcile_pass():
+            raise Violation("an injected exception did not reach the supervisor")
+        if not sim.daemon.health.has("loop:reconcile"):
+            raise Violation("a failed reconcile pass is not in health")
+        return
+    sim.reconcile_pass()
+
+
+def advance_clock(sim: Simulation) -> None:
+    sim.clock_now += sim.rng.choice((1.0, 10.0, 31.0))
+
+
+def checkpoint_fault(sim: Simulation) -> None:
+    fault = sim.rng.choice(list(durable.Fault))
+    sim.faults.injected[f"checkpoint {fault}"] += 1
+    sim.daemon.syscalls = durable.Syscalls.injecting(fault)
+    try:
+        (admit if sim.rng.random() < 0.6 else release)(sim)
+    finally:
+        sim.daemon.syscalls = durable.SYSCALLS
+
+
+def crash_soon(sim: Simulation) -> None:
+    sim.faults.crash_in = sim.rng.randrange(0, 3)
+    (admit if sim.rng.random() < 0.6 else release)(sim)
+    sim.faults.crash_in = -1
+
+
+def crash_in_checkpoint(sim: Simulation) -> None:
+    sim.faults.injected["crash inside a checkpoint write"] += 1
+
+    def dying(fd: int, data: memoryview) -> int:
+        os.write(fd, data[: len(data) // 2])
+        raise Crash
+
+    sim.daemon.syscalls = durable.Syscalls(write=dying)
+    (admit if sim.rng.random() < 0.6 else release)(sim)
+
+
+def restart(sim: Simulation) -> None:
+    sim.restart()
+
+
+def config_change(sim: Simulation) -> None:
+    sim.faults.injected["config change"] += 1
+    sim.restart(change_config=True)
