@@ -310,7 +310,8 @@ def _show(args: argparse.Namespace) -> int:
     answer = request(_socket(args), "GET", workload_path(args.name))
     _say(args, answer, textout.workload(answer))
     if args.svg is not None:  # after the show: an unknown name fails before a file is made
-        write_picture(args.svg, picture_of_daemon(_socket(args), f"numad: {args.name}"))
+        picture = picture_of_daemon(_socket(args), f"numad: {args.name}", highlight=args.name)
+        write_picture(args.svg, picture)
     return 0
 
 

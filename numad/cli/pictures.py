@@ -2,7 +2,8 @@
 
 Edge, for the CLI (``numad show --svg``, ``numad topology --svg``): the machine comes
 from ``GET /v1/topology``, the holders from ``GET /v1/workloads`` and ``GET /v1/host``,
-the same views the live page draws in process.
+each node's memory held and free from ``GET /v1/nrt`` (numad's books), the same views
+the live page draws in process.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from numad.topology.picture.draw import svg
 from numad.topology.picture.holders import from_api
 
 
-def from_daemon(socket: str, title: str = "") -> str:
-    """The SVG of the machine the daemon on ``socket`` runs, with what it holds now."""
+def from_daemon(socket: str, title: str = "", highlight: str | None = None) -> str:
+    """The SVG of the machine the daemon on ``socket`` runs, with what it holds now; the
+    workload named ``highlight`` singled out (``numad show NAME --svg``)."""
     topo = from_json(request(socket, "GET", "/v1/topology"))
     workloads = request(socket, "GET", "/v1/workloads")["workloads"]
-    holders = from_api(workloads, request(socket, "GET", "/v1/host"))
-    return svg(topo, holders, title)
+    host = request(socket, "GET", "/v1/host")
+    holders = from_api(workloads, host, request(socket, "GET", "/v1/nrt"))
+    return svg(topo, holders, title, highlight=highlight)
 
 
 def write(path: Path, text: str) -> None:

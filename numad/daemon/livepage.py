@@ -2,10 +2,12 @@
 
 Edge, read-only. ``GET /`` is one self-contained HTML page (inline CSS and script,
 no external asset); it fetches ``GET /state.json`` every few seconds and redraws:
-the picture of the machine (``numad.topology.picture``, SVG inline), the workloads with
-their CPUs, nodes, devices and memory locality, and the problems ``/v1/health``
-lists. The state is read from the daemon's own read-only views (the same ones the
-API serves), under its lock, at each request; the page changes nothing.
+the picture of the machine (``numad.topology.picture``, SVG inline) under its legend,
+the workloads with their colours, CPUs, nodes, devices and memory locality, and the
+problems ``/v1/health`` lists. A workload's colour is its name's, so a refresh after a
+release repaints nobody else. The state is read from the daemon's own read-only views
+(the same ones the API serves), under its lock, at each request; the page changes
+nothing.
 
 Off unless ``[metrics] page = true``: the API's socket is mode 0660, but the metrics
 port answers anyone who reaches it (any local user on loopback), and the state names
@@ -21,7 +23,7 @@ from html import escape
 from typing import Any, Protocol
 
 from numad.topology.model import Topology
-from numad.topology.picture import from_api, svg
+from numad.topology.picture import from_api, legend_keys, svg
 
 REFRESH_SECONDS = 3
 PAGE_PATHS = ("/", "/index.html")
@@ -41,6 +43,7 @@ class Source(Protocol):
     def topology(self) -> Topology: ...
     def list_all(self) -> list[dict[str, Any]]: ...
     def host(self) -> dict[str, Any]: ...
+    def nrt(self) -> dict[str, Any]: ...
 
 
 def state(source: Source, title: str = "") -> dict[str, Any]:
@@ -48,22 +51,29 @@ def state(source: Source, title: str = "") -> dict[str, Any]:
     workloads = source.list_all()
     host = source.host()
     topo = source.topology
+    holders = from_api(workloads, host, source.nrt())
+    keys = legend_keys(topo, holders)
+    colours = {k.workload: k.fill for k in keys if k.workload is not None}
     return {
         "ready": source.ready,
         "problems": list(source.problems),
         "reserved": host.get("reserved", ""),
         "shared": host.get("shared", ""),
-        "workloads": [_workload(w) for w in workloads],
-        "svg": svg(topo, from_api(workloads, host), title),
+        "workloads": [_workload(w, colours.get(w["name"], "")) for w in workloads],
+        "legend": [{"fill": k.fill, "label": k.label, "workload": k.workload} for k in keys],
+        "svg": svg(topo, holders, title, legend=False),  # the page draws the legend
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
-def _workload(shown: dict[str, Any]) -> dict[str, Any]:
+def _workload(shown: dict[str, Any], colour: str) -> dict[str, Any]:
+    """One workload's row; ``colour`` is its key's in the legend (its own where it holds
+    CPUs or devices, the shared pool's where it runs there)."""
     containers = shown.get("containers", {})
     memory = shown.get("memory", {})
     return {
         "name": shown["name"],
+        "colour": colour,
         "cgroup": shown.get("cgroup", ""),
         "state": shown.get("state", ""),
         "unplaced": shown.get("unplaced"),
@@ -131,7 +141,11 @@ border:1px solid #ccc}
 .scroll{overflow-x:auto}table{border-collapse:collapse;background:#fff;min-width:100%}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eee}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px;
-border:1px solid #555}ul{margin:4px 0;padding-left:20px}
+border:1px solid #555;vertical-align:-1px}ul{margin:4px 0;padding-left:20px}
+.swatch.offline{background:repeating-linear-gradient(45deg,#eee 0 3px,#b0b0b0 3px 5px)}
+.range{white-space:nowrap}
+#legend{display:flex;flex-wrap:wrap;gap:2px 14px;margin:0 0 6px;padding:0;list-style:none}
+#legend li{white-space:nowrap}
 </style></head>
 <body>
 <h1>__TITLE__</h1>
@@ -141,7 +155,7 @@ border:1px solid #555}ul{margin:4px 0;padding-left:20px}
 <div class="scroll"><table id="workloads"><thead><tr><th>workload</th><th>container</th>
 <th>CPUs</th><th>memory nodes</th><th>devices</th><th>memory locality</th><th>state</th>
 </tr></thead><tbody></tbody></table></div>
-<h2>Machine</h2><div id="picture"></div>
+<h2>Machine</h2><ul id="legend"></ul><div id="picture"></div>
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
@@ -151,6 +165,30 @@ function cell(row, text) {
   td.textContent = text;
   row.appendChild(td);
   return td;
+}
+function plural(n, noun) {
+  return n + " " + noun + (n === 1 ? "" : "s");
+}
+function swatch(fill) {
+  const mark = document.createElement("span");
+  mark.className = fill.startsWith("url(") ? "swatch offline" : "swatch";
+  if (!fill.startsWith("url(")) mark.style.background = fill;
+  return mark;
+}
+// A kernel list ("5-7,21-23") whose lines break only between its ranges, never inside one.
+function ranges(td, prefix, list) {
+  td.replaceChildren(prefix);
+  list.split(",").forEach((part, i) => {
+    if (i > 0) td.append(",", document.createElement("wbr"));
+    const range = document.createElement("span");
+    range.className = "range";
+    range.textContent = part;
+    td.appendChild(range);
+  });
+  return td;
+}
+function nodes(list) {
+  return /^\\d+$/.test(list) ? "node " : "nodes ";
 }
 function locality(value) {
   return value === null || value === undefined ? "unknown" : (value * 100).toFixed(1) + " %";
@@ -167,15 +205,27 @@ function showWorkloads(workloads) {
       const row = body.insertRow();
       row.className = "workload";
       row.dataset.workload = w.name;
-      cell(row, i === 0 ? w.name : "");
+      const name = cell(row, i === 0 ? w.name : "");
+      if (i === 0 && w.colour) name.prepend(swatch(w.colour));
       cell(row, c.name);
-      cell(row, (c.exclusive ? "" : "shared pool: ") + (c.cpus || "-"));
-      cell(row, c.mems || w.nodes || "any");
+      ranges(cell(row, ""), c.exclusive ? "" : "shared pool: ", c.cpus || "-");
+      const mems = c.mems || w.nodes;
+      if (mems) ranges(cell(row, ""), nodes(mems), mems); else cell(row, "any node");
       const devices = Object.entries(c.devices).map(([k, v]) => k + ": " + v.join(", "));
       cell(row, devices.length ? devices.join("; ") : "-");
       cell(row, locality(w.locality));
       cell(row, w.unplaced ? "unplaced: " + w.unplaced : w.state);
     });
+  }
+}
+function showLegend(keys) {
+  const list = document.getElementById("legend");
+  list.replaceChildren();
+  for (const key of keys) {
+    const item = document.createElement("li");
+    if (key.workload !== null) item.dataset.workload = key.workload;
+    item.append(swatch(key.fill), key.label);
+    list.appendChild(item);
   }
 }
 function showProblems(problems) {
@@ -191,11 +241,13 @@ function showProblems(problems) {
 function show(state) {
   const status = document.getElementById("status");
   status.textContent = (state.ready ? "ready" : "NOT READY") + " \\u00b7 " +
-    state.workloads.length + " workloads \\u00b7 reserved CPUs " + (state.reserved || "none") +
+    plural(state.workloads.length, "workload") + " \\u00b7 reserved CPUs " +
+    (state.reserved || "none") +
     " \\u00b7 updated " + state.time;
   status.className = state.ready ? "ok" : "bad";
   showProblems(state.problems);
   showWorkloads(state.workloads);
+  showLegend(state.legend);
   if (state.svg !== lastSvg) {
     document.getElementById("picture").innerHTML = state.svg;
     lastSvg = state.svg;

@@ -3,7 +3,10 @@ machine, its metrics listener serving the page at `/`, `/state.json` and the met
 `/metrics`, the first two only with `[metrics] page = true` (issue 24 item 10); the page
 loaded in a real headless Chromium (Debian's package), which must log no error, show
 every admitted workload, and update itself after an admission without a reload.
-Screenshots at 1280x800 and 390x844 stay in the test's tmp_path.
+Issue 25 item 8, measured in the browser: each row's swatch has its workload's colour,
+which stays the same when another workload is released; at 390 px no CPU or node list
+breaks inside a range and the legend is shown whole. Screenshots at 1280x800 and 390x844
+stay in the test's tmp_path; the test prints their paths.
 
 Chromium missing: skipped with the reason, except in CI (``CI`` set), where
 ``scripts/check`` installs it (``python -m tests.browser --prepare``) and a skip would
@@ -30,6 +33,8 @@ from numad.host.scratch import scratch_mkdir
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
 from numad.topology.model import Topology
+from numad.topology.picture import Kind, workload_colour
+from numad.topology.picture.colours import COLOURS
 from tests import browser
 from tests.conftest import Machines
 from tests.daemon.test_daemon_e2e import Numad
@@ -85,6 +90,21 @@ class _Stub:
     def host(self) -> dict[str, Any]:
         return {"reserved": "0,16", "shared": "0-1,4-31"}
 
+    def nrt(self) -> dict[str, Any]:
+        """numad's books: node 0 has 3 GiB of its 10 held, node 1 nothing."""
+        memory = [(10 << 30, 7 << 30), (12 << 30, 12 << 30)]
+        return {
+            "zones": [
+                {
+                    "name": f"node-{n}",
+                    "resources": [
+                        {"name": "memory", "capacity": a + 1, "allocatable": a, "available": f}
+                    ],
+                }
+                for n, (a, f) in enumerate(memory)
+            ]
+        }
+
 
 def test_the_state_names_workloads_problems_and_draws_the_picture(machines: Machines) -> None:
     page = LivePage(
@@ -101,6 +121,7 @@ def test_the_state_names_workloads_problems_and_draws_the_picture(machines: Mach
     assert state["workloads"] == [
         {
             "name": "db",
+            "colour": workload_colour("db"),
             "cgroup": "numad.slice/db",
             "state": "placed",
             "unplaced": None,
@@ -120,6 +141,13 @@ def test_the_state_names_workloads_problems_and_draws_the_picture(machines: Mach
     picture = ET.fromstring(state["svg"])  # noqa: S314 - numad's own SVG
     holders = {e.get("data-cpu"): e.get("data-holder") for e in picture.iter() if e.get("data-cpu")}
     assert [c for c, who in holders.items() if who == "db"] == ["2", "3"]
+    bars = [e for e in picture.iter() if e.get("class") == "memory"]  # the books, not MemFree
+    held = [(int(b.get("data-held-bytes", "")), int(b.get("data-free-bytes", ""))) for b in bars]
+    assert held == [(3 << 30, 7 << 30), (0, 12 << 30)]
+    assert {"fill": workload_colour("db"), "label": "db (2 CPUs, 1 device)", "workload": "db"} in (
+        state["legend"]
+    )
+    assert not [e for e in picture.iter() if e.get("class") == "legend"]  # the page's, in HTML
     assert page.answer("/metrics") is None  # the metrics handler's own path
 
 
@@ -225,6 +253,19 @@ FACTS = """JSON.stringify({
   nodes: document.querySelectorAll("#picture svg [data-node]").length,
   problems: [...document.querySelectorAll("#problems li")].map(li => li.textContent),
   table: document.getElementById("workloads").innerText,
+  swatches: Object.fromEntries([...document.querySelectorAll("#workloads tr.workload")]
+    .filter(r => r.querySelector(".swatch"))
+    .map(r => [r.dataset.workload, getComputedStyle(r.querySelector(".swatch")).backgroundColor])),
+  fills: Object.fromEntries([...document.querySelectorAll("#picture svg .pu.exclusive")].map(
+    e => [e.dataset.holder, e.querySelector("rect").getAttribute("fill")])),
+  legend: [...document.querySelectorAll("#legend li")].map(li => [
+    li.textContent, li.getBoundingClientRect().left, li.getBoundingClientRect().right]),
+  ranges: [...document.querySelectorAll("#workloads .range")].map(
+    r => [r.textContent, r.getClientRects().length]),
+  lists: [...document.querySelectorAll("#workloads td")].filter(td => td.querySelector(".range"))
+    .map(td => [td.textContent, new Set([...td.querySelectorAll(".range")].map(
+      r => Math.round(r.getClientRects()[0].top))).size]),
+  width: document.documentElement.clientWidth,
 })"""
 
 
@@ -233,6 +274,19 @@ def _facts(page: browser.Browser) -> dict[str, Any]:
     assert isinstance(value, str)
     facts: dict[str, Any] = json.loads(value)
     return facts
+
+
+def _rgb(colour: str) -> str:
+    """``#1a2b3c`` as the browser computes it: ``rgb(26, 43, 60)``."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def _rows(page: browser.Browser, names: list[str]) -> bool:
+    """Wait, at most four refreshes, until the table lists exactly ``names``."""
+    wanted = json.dumps(names, separators=(",", ":"))
+    rows = "[...document.querySelectorAll('#workloads tr.workload')].map(r => r.dataset.workload)"
+    return bool(page.wait_for(f"JSON.stringify({rows}) === {wanted!r}", REFRESH_SECONDS * 4))
 
 
 def test_the_page_in_chromium_shows_every_workload_and_updates_itself(
@@ -247,7 +301,7 @@ def test_the_page_in_chromium_shows_every_workload_and_updates_itself(
         page.load(url + "/")
         page.wait_for("document.querySelectorAll('#workloads tr.workload').length >= 2", 20)
         facts = _facts(page)
-        assert facts["status"].startswith("ready"), facts["status"]
+        assert facts["status"].startswith("ready \u00b7 2 workloads \u00b7"), facts["status"]
         assert facts["rows"] == ["db", "web"]
         assert len(facts["pus"]) == 32  # every CPU of the machine, once
         assert sorted(c for c, who in facts["pus"] if who == "db") == sorted(db_cpus)
@@ -255,24 +309,41 @@ def test_the_page_in_chromium_shows_every_workload_and_updates_itself(
         assert facts["nodes"] == 2
         assert facts["problems"] == ["none"]
         assert "vector-engine: 0000:" in facts["table"]
+        # Each row's swatch is its workload's colour in the picture: db's own, and the
+        # shared pool's for web, which runs there.
+        db_colour = facts["fills"]["db"]
+        assert facts["swatches"] == {"db": _rgb(db_colour), "web": _rgb(COLOURS[Kind.SHARED])}
+        assert [text for text, *_ in facts["legend"]][:2] == [
+            "reserved (2 CPUs)",
+            "shared pool (26 CPUs)",
+        ]
         wide = page.screenshot(tmp_path / "live-1280x800.png")
 
         batch = daemon.call("POST", "/v1/workloads", _spec("batch", 8))
         batch_cpus = _cpus(batch["containers"]["main"]["cpus"])
-        seen = page.wait_for(
-            "[...document.querySelectorAll('#workloads tr.workload')]"
-            ".some(r => r.dataset.workload === 'batch')",
-            REFRESH_SECONDS * 4,
-        )
-        assert seen, "the page did not show the new workload without a reload"
+        assert _rows(page, ["batch", "db", "web"]), "the page did not show the new workload"
         facts = _facts(page)
-        assert facts["rows"] == ["batch", "db", "web"]
         assert sorted(c for c, who in facts["pus"] if who == "batch") == sorted(batch_cpus)
-
+        assert facts["fills"]["db"] == db_colour  # batch sorts first: db's place moved
         page.size(390, 844, mobile=True)
         page.wait_for("document.documentElement.clientWidth === 390", 5)
         phone = page.screenshot(tmp_path / "live-390x844.png")
+        facts = _facts(page)
+        print(f"at 390 px, lines of each list: {facts['lists']}")
+        assert [r for r in facts["ranges"] if r[1] != 1] == []  # no range split over lines
+        assert max(lines for _, lines in facts["lists"]) > 1  # a list did wrap: between ranges
+        assert len(facts["legend"]) == 5  # reserved, shared pool, batch, db, web: all shown
+        assert [k for k in facts["legend"] if k[1] < 0 or k[2] > facts["width"]] == []
         assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+
+        daemon.call("DELETE", "/v1/workloads/batch")
+        assert _rows(page, ["db", "web"]), "the page did not drop the released workload"
+        facts = _facts(page)
+        assert facts["fills"]["db"] == db_colour  # a release repaints nobody else
+        assert facts["swatches"]["db"] == _rgb(db_colour)
+        daemon.call("DELETE", "/v1/workloads/web")
+        assert _rows(page, ["db"])
+        assert "\u00b7 1 workload \u00b7" in _facts(page)["status"]
         assert page.errors() == []
     for shot in (wide, phone):
         assert shot.read_bytes().startswith(PNG)

@@ -26,7 +26,7 @@ from numad.topology.discover import discover
 from numad.topology.fromjson import from_json
 from numad.topology.model import CPU, CacheGroup, Core, NumaNode, Package, Topology
 from numad.topology.picture import Holders, Workload, from_api, svg
-from numad.topology.picture.draw import COLOURS, workload_colour
+from numad.topology.picture.colours import COLOURS, workload_colour
 from numad.topology.picture.holders import Kind
 from numad.topology.picture.layout import WIDTH, machine, place
 from numad.topology.record import load_fixture
@@ -103,7 +103,7 @@ def check_picture(topo: Topology, holders: Holders) -> tuple[ET.Element, str]:
         else:
             assert f"w{index}" in classes
             assert pu.get("data-holder") == holders.workloads[index].name
-            assert _fill(pu) == workload_colour(index)
+            assert _fill(pu) == workload_colour(holders.workloads[index].name)
     drawn_nodes = {int(e.get("data-node", "")) for e in root.iter() if e.get("data-node")}
     assert drawn_nodes == set(topo.node_ids)
     cells = {
@@ -168,17 +168,18 @@ def test_the_bundled_machine_with_a_known_placement(machines: Machines) -> None:
     assert pus[3].get("class") == "pu shared"
     assert pus[17].get("class") == "pu exclusive w0"
     assert pus[27].get("class") == "pu exclusive w1"
-    assert workload_colour(0) != workload_colour(1)
+    assert workload_colour("db") != workload_colour("batch")
     assert "db (4 CPUs, 2 devices)" in text  # the legend names each workload
     assert "batch (8 CPUs)" in text
-    assert "reserved (2)" in text
-    assert "shared pool (18)" in text
+    assert "reserved (2 CPUs)" in text
+    assert "shared pool (18 CPUs)" in text
     kinds = [e.get("class") for e in root.iter() if e.get("class")]
     for kind in ("package", "node", "l3", "core", "device", "memory", "legend", "distances"):
         assert kind in kinds, kind
     memory = [e for e in root.iter() if e.get("class") == "memory"]
-    assert len(memory) == 2
-    assert all(int(m.get("data-total-kb", "0")) > 0 for m in memory)
+    assert len(memory) == 2  # no books (no daemon): nothing held, the whole node free
+    assert all(int(m.get("data-held-bytes", "")) == 0 for m in memory)
+    assert all(int(m.get("data-free-bytes", "0")) > 0 for m in memory)
 
 
 def _big(packages: int = 4, nodes_per_package: int = 2, cores_per_node: int = 64) -> Topology:
@@ -276,18 +277,25 @@ def test_topology_svg_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_show_svg_and_topology_svg_draw_the_running_daemon(
     machines: Machines, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Both draw the daemon's holders and its books' memory; `show db --svg` singles
+    out db (issue 25 item 8): its CPUs and devices outlined, the other workloads' dimmed."""
     root = tmp_path / "machine"
     subprocess.run(["cp", "-a", str(machines.root(MACHINE)), str(root)], check=True, timeout=60)
     (tmp_path / "numad.toml").write_text(CONFIG)
     daemon = Numad(root, tmp_path / "numad.toml")
     daemon.start()
     try:
-        scratch_mkdir(daemon.cgroups, "numad.slice/db")
+        for name in ("db", "batch"):
+            scratch_mkdir(daemon.cgroups, f"numad.slice/{name}")
         db = daemon.call(
             "POST",
             "/v1/workloads",
             {"name": "db", "cgroup": "numad.slice/db", "cpus": 4, "devices": {"vector-engine": 2}},
         )
+        daemon.call(
+            "POST", "/v1/workloads", {"name": "batch", "cgroup": "numad.slice/batch", "cpus": 2}
+        )
+        nrt = from_api([], {}, daemon.call("GET", "/v1/nrt")).memory
         shown, whole = tmp_path / "db.svg", tmp_path / "host.svg"
         assert main(["show", "db", "--socket", daemon.socket, "--svg", str(shown)]) == 0
         assert "db" in capsys.readouterr().out  # the show itself, as without --svg
@@ -296,8 +304,30 @@ def test_show_svg_and_topology_svg_draw_the_running_daemon(
         assert not (tmp_path / "n").exists()
     finally:
         daemon.stop()
+    recorded = discover(HostFS(machines.root(MACHINE)))
     for picture in (shown, whole):
-        pus = _pus(_parse(picture.read_text()))
+        svg_root = _parse(picture.read_text())
+        pus = _pus(svg_root)
         held = sorted(c for c, e in pus.items() if e.get("data-holder") == "db")
         assert held == list(CPUSet.parse_list(db["containers"]["main"]["cpus"]).sorted())
         assert sorted(c for c, e in pus.items() if e.get("data-holder") == "reserved") == [0, 16]
+        bars = [e for e in svg_root.iter() if e.get("class") == "memory"]
+        assert [
+            (int(b.get("data-held-bytes", "")), int(b.get("data-free-bytes", ""))) for b in bars
+        ] == [(m.held, m.free) for m in nrt]  # the books' free, not the recording's (MemFree):
+        assert [m.free for m in nrt] != [(n.memory_free_kb or 0) * 1024 for n in recorded.nodes]
+    marked = _parse(shown.read_text())
+    assert marked.get("data-highlight") == "db"
+    classes = {
+        e.get("data-holder"): e.get("class", "").split() for e in marked.iter() if e.get("data-cpu")
+    }
+    assert "highlight" in classes["db"]
+    assert "dim" in classes["batch"]
+    assert "dim" not in classes["shared"]
+    assert "dim" not in classes["reserved"]
+    devices = [e for e in marked.iter() if e.get("data-holder") == "db" and e.get("data-address")]
+    assert len(devices) == 2
+    assert all("highlight" in e.get("class", "") for e in devices)
+    plain = _parse(whole.read_text())
+    assert plain.get("data-highlight") is None
+    assert not [e for e in plain.iter() if "dim" in e.get("class", "").split()]

@@ -3,7 +3,8 @@
 Pure: reads the model, computes positions, draws nothing. The tree is
 machine > package > die (where a package has several) > NUMA node (the part of it
 in the package) > L3 group (the part of it in the node) > core > thread (PU), and
-each node's PCI devices inside its (first) box; memory-only nodes, offline CPUs,
+each node's PCI devices inside its (first) box; a GPU's memory nodes (see
+``gpu_memory``) in one box with the GPU; other memory-only nodes, offline CPUs,
 online CPUs in no package and devices on no node follow in boxes of their own.
 Every online CPU is one PU box, once. Boxes flow left to right and wrap into rows
 within the width, so 2 CPUs and 1,024 CPUs both come out readable: a wide machine
@@ -12,10 +13,10 @@ grows downwards, never sideways.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.topology.model import NumaNode, PciDevice, Topology
 
 WIDTH = 1200  # the picture's width in SVG units; the viewer scales it
@@ -35,9 +36,11 @@ _FRAME = {
     "l3": (4, 18),
     "core": (3, 0),
     "group": (6, 22),
+    "gpu": (5, 20),
     "legend": (0, 0),
 }
 _BRIDGE_CLASS = 0x06  # PCI base class "bridge": hidden, as lstopo does by default
+_DISPLAY_CLASS = 0x03  # PCI base class "display controller": VGA, 3D (0x0302: NVIDIA's)
 
 
 @dataclass(slots=True)
@@ -70,13 +73,16 @@ def machine(topo: Topology, held: frozenset[str] = frozenset()) -> Box:
     root = Box("machine", _summary(topo))
     in_package = CPUSet()
     devices = _Devices(topo, held)
+    with_gpu = {n for nodes in devices.gpu_nodes.values() for n in nodes}
     for pkg in sorted(topo.packages, key=lambda p: p.id):
         in_package |= pkg.cpus
         root.children.append(_package(topo, pkg.id, pkg.cpus, devices))
     loose = topo.online_cpus - in_package
     if loose:
         root.children.append(Box("group", "Online CPUs in no package", _pus(loose)))
-    memory_only = [n for n in sorted(topo.nodes, key=lambda n: n.id) if not n.cpus]
+    memory_only = [
+        n for n in sorted(topo.nodes, key=lambda n: n.id) if not n.cpus and n.id not in with_gpu
+    ]
     if memory_only:
         boxes = [_node_box(topo, n, n.cpus, [], devices) for n in memory_only]
         root.children.append(Box("group", "Memory-only NUMA nodes", boxes))
@@ -92,9 +98,52 @@ def machine(topo: Topology, held: frozenset[str] = frozenset()) -> Box:
 def _summary(topo: Topology) -> str:
     cores = sum(1 for c in topo.cores if c.cpus)
     return (
-        f"Machine: {len(topo.packages)} packages, {len(topo.nodes)} NUMA nodes, {cores} cores,"
-        f" {len(topo.online_cpus)}/{len(topo.all_cpus)} CPUs online"
+        f"Machine: {count(len(topo.packages), 'package')}, {count(len(topo.nodes), 'NUMA node')},"
+        f" {count(cores, 'core')}, {len(topo.online_cpus)}/{len(topo.all_cpus)} CPUs online"
     )
+
+
+def count(n: int, noun: str) -> str:
+    """``1 core``, ``2 cores``: every count the picture and the page print."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def node_list(nodes: Iterable[int]) -> str:
+    """``node 0``, ``nodes 0-1``: node sets as the kernel lists them, one way everywhere."""
+    ids = NodeSet(nodes)
+    return f"{'node' if len(ids) == 1 else 'nodes'} {ids.format_list()}"
+
+
+def gpu_memory(topo: Topology) -> dict[str, tuple[int, ...]]:
+    """The CPU-less NUMA nodes that are a GPU's own memory, by the GPU's PCI address.
+
+    The kernel does not say whose memory a CPU-less node is (on Grace machines the
+    firmware hands each GPU a run of consecutive proximity domains; sysfs shows only
+    distances, and the GPU's ``numa_node`` is its CPU's node). So: 1. each CPU-less
+    node goes with the one CPU node nearest to it (a tie or no distance: with none);
+    2. where that CPU node has display-class PCI devices (GPUs) and its CPU-less nodes
+    divide evenly among them, each GPU in address order takes the next run of node ids.
+    Anything else stays a plain memory-only node.
+    """
+    near: dict[int, list[int]] = {}
+    with_cpus = [n.id for n in topo.nodes if n.cpus]
+    for node in sorted(topo.nodes, key=lambda n: n.id):
+        if node.cpus or not node.distances:
+            continue
+        ranked = sorted((node.distances.get(c, 1 << 30), c) for c in with_cpus)
+        if ranked and ranked[0][0] < 1 << 30 and (len(ranked) == 1 or ranked[0][0] < ranked[1][0]):
+            near.setdefault(ranked[0][1], []).append(node.id)
+    found: dict[str, tuple[int, ...]] = {}
+    for cpu_node, memory in near.items():
+        gpus = sorted(
+            d.address
+            for d in topo.pci_devices
+            if d.numa_node == cpu_node and _base_class(d) == _DISPLAY_CLASS
+        )
+        if gpus and len(memory) % len(gpus) == 0:
+            run = len(memory) // len(gpus)
+            found.update({a: tuple(memory[i * run : (i + 1) * run]) for i, a in enumerate(gpus)})
+    return found
 
 
 def _package(topo: Topology, pkg: int, cpus: CPUSet, devices: _Devices) -> Box:
@@ -169,7 +218,9 @@ class _Devices:
     """The PCI devices to draw, handed out per node, once."""
 
     def __init__(self, topo: Topology, held: frozenset[str]) -> None:
+        self.topo = topo
         self.held = held
+        self.gpu_nodes = gpu_memory(topo)
         self.left: dict[int | None, list[PciDevice]] = {}
         for d in sorted(topo.pci_devices, key=lambda d: d.address):
             if d.address in held or _base_class(d) != _BRIDGE_CLASS:
@@ -180,7 +231,16 @@ class _Devices:
         # Held devices first, so the cap never hides one.
         devices.sort(key=lambda d: d.address not in self.held)
         room = max(MAX_DEVICES, sum(1 for d in devices if d.address in self.held))
-        return _device_boxes(devices, room)
+        return [self._with_memory(box) for box in _device_boxes(devices, room)]
+
+    def _with_memory(self, box: Box) -> Box:
+        """A GPU's box, in one box with its memory nodes where it has any."""
+        address = box.device.address if box.device is not None else ""
+        nodes = self.gpu_nodes.get(address, ())
+        if not nodes:
+            return box
+        memory = [_node_box(self.topo, self.topo.node(n), CPUSet(), [], self) for n in nodes]
+        return Box("gpu", f"GPU {address}, its memory: {node_list(nodes)}", [box, *memory])
 
     def rest(self) -> list[Box]:
         """The devices of no node, or of a node that is not drawn (offline)."""
@@ -253,7 +313,7 @@ def _measure(box: Box, max_w: float) -> None:
 
 
 def _least_width(box: Box) -> float:
-    return 170 if box.kind == "node" else 0  # room for the memory bar
+    return 210 if box.kind == "node" else 0  # room for the memory bar (draw.BAR_W)
 
 
 def _shift(box: Box, dx: float, dy: float) -> None:
