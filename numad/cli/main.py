@@ -42,10 +42,11 @@ from numad.cli.pictures import write as write_picture
 from numad.errors import FixtureError, HostFileError, NumadError
 from numad.hostfs import HostFS
 from numad.log import configure as configure_logging
+from numad.topology.archive import ArchiveFS, cached_fixture
 from numad.topology.discover import discover
 from numad.topology.model import Topology
 from numad.topology.picture import Holders, svg
-from numad.topology.record import cached_fixture, load_fixture, record_fixture
+from numad.topology.record import load_fixture, record_fixture
 from numad.topology.render import to_json, to_text
 
 # The machine `topology --auto` shows where the host has no NUMA to show.
@@ -145,7 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="numad",
         description="A NUMA resource manager for Linux hosts.",
-        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run).",
+        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run)."
+        " Red Hat numad's placement advice, as libvirt asks for it: numad -w NCPUS[:MB]"
+        " prints the NUMA nodes that best fit a guest of NCPUS vCPUs and MB MiB (advice:"
+        " nothing is admitted).",
     )
     parser.add_argument("--version", action="version", version=f"numad {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -282,11 +286,8 @@ def _nrt(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.fixture is None:
         return nrt_offline(args.config, args.root)
-    with (
-        _archive(args.fixture) as archive,
-        tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch,
-    ):
-        found = nrt_offline(args.config, str(load_fixture(archive, Path(scratch))))
+    with _unpacked(args.fixture) as root:
+        found = nrt_offline(args.config, str(root))
     found["metadata"]["name"] = Path(args.fixture).name.split(".tar")[0]  # not this host's
     return found
 
@@ -311,18 +312,31 @@ def _host_or_default(root: str) -> Topology:
 def _recorded_machine(name: str) -> Topology:
     """Discover a bundled machine by name, or a recorded archive by path.
 
-    A bundled machine is unpacked once into the user's cache (thousands of
-    files: seconds each time otherwise); an archive given by path, once per call.
+    An archive given by path is read in memory (writing its thousands of files
+    out and removing them again took seconds); a bundled machine is unpacked
+    once into the user's cache, where discovery reads it fastest.
     """
+    if Path(name).is_file():
+        return discover(ArchiveFS(Path(name)))
+    with _unpacked(name) as root:
+        return discover(HostFS(root))
+
+
+@contextlib.contextmanager
+def _unpacked(name: str) -> Iterator[Path]:
+    """The root of a recorded machine on disk: its entry in the user's cache,
+    else (no cache to use) a scratch copy for the call."""
     with _archive(name) as archive:
-        cache = _cache_dir()
-        if cache is not None and not Path(name).is_file():
-            # An unusable cache costs time, not the answer: then unpack as below,
-            # which names the archive if the fault is the archive's.
-            with contextlib.suppress(FixtureError):
-                return discover(HostFS(cached_fixture(archive, cache)))
+        cache, root = _cache_dir(), None
+        # An unusable cache costs time, not the answer: then unpack as below,
+        # which names the archive if the fault is the archive's.
+        with contextlib.suppress(FixtureError):
+            root = None if cache is None else cached_fixture(archive, cache)
+        if root is not None:
+            yield root
+            return
         with tempfile.TemporaryDirectory(prefix="numad-fixture-") as scratch:
-            return discover(HostFS(load_fixture(archive, Path(scratch))))
+            yield load_fixture(archive, Path(scratch))
 
 
 def _cache_dir() -> Path | None:

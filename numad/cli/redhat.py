@@ -12,12 +12,13 @@ intersects it with the host's memory nodes (src/qemu/qemu_process.c,
 qemuProcessPrepareDomainNUMAPlacement). So ``numad -w`` prints one line, a
 node list in the kernel's list format (``0-1``), and exits 0.
 
-The advice is a plan of the guest as a workload of VCPUS exclusive CPUs and
-MIB of memory, under best-effort (advice, not admission: a guest wider than
-one node still gets the nodes that fit it best), asked of the running daemon
-(``POST /v1/plan``: nothing is admitted) or, without one, planned offline on
-this host. The nodes are those of the planned CPUs and memory. Where nothing
-can hold the guest, nothing is printed, the reason goes to stderr, exit 1.
+The advice is Red Hat numad's: the NUMA nodes that best fit a guest of VCPUS
+CPUs and MIB of memory, by what each node has free now (the running daemon's
+``GET /v1/nrt``, or, without one, this host as on a fresh start). It is advice,
+not admission: nothing is held, no CPU need be free for the guest alone, and a
+guest that fits nowhere still gets the nodes that come closest (``best_nodes``
+gives the steps). Only a machine with no node that has online CPUs gets no
+advice: nothing on stdout, the reason on stderr, exit 1.
 
 Red Hat numad's other options are named with what they did there and that
 numad does not do it; exit 2.
@@ -25,15 +26,15 @@ numad does not do it; exit 2.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-from pathlib import Path
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from numad import defaults
-from numad.cpuset import CPUSet, NodeSet
+from numad.cpuset import NodeSet
 from numad.errors import NumadError
 
 # Red Hat numad's options (numad.8), and what each did there.
@@ -63,8 +64,10 @@ INSTEAD = {
     "-V": "`numad --version`",
     "-l": "the log level in the config file",
 }
-_REQUEST = re.compile(r"(\d+)(?::(\d+))?")
-ADVICE_NAME = "libvirt-advice"
+# Whole numbers as libvirt passes them (an unsigned short of vCPUs, MiB from KiB);
+# the bounds keep int() clear of Python's 4300-digit limit.
+_REQUEST = re.compile(r"(\d{1,9})(?::(\d{1,15}))?")
+_MIB = 1 << 20
 
 
 def is_redhat(argv: list[str]) -> bool:
@@ -98,7 +101,7 @@ def main(argv: list[str]) -> int:
     cpus, mib = int(match.group(1)), int(match.group(2) or 0)
     try:
         nodes = advice(cpus, mib, socket, root)
-    except NumadError as err:
+    except (NumadError, OSError) as err:
         print(f"numad: -w {value}: {err}", file=sys.stderr)  # stdout stays empty
         return 1
     print(nodes.format_list())
@@ -129,48 +132,73 @@ def _options(rest: list[str]) -> tuple[str | None, str | None, str | None]:
     return value, socket, root
 
 
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """What one NUMA node offers a guest (a zone of the NodeResourceTopology object)."""
+
+    node: int
+    cpus: int  # online CPUs
+    free_cpus: int  # neither reserved nor held exclusively
+    free_mib: int  # memory not held, whole MiB
+
+
+def best_nodes(zones: Iterable[Zone], cpus: int, mib: int) -> NodeSet:
+    """The nodes Red Hat numad would advise for a guest of ``cpus`` CPUs and ``mib`` MiB.
+
+    1. Only nodes with online CPUs can run a guest: libvirt pins its vCPUs to the
+       advised nodes' CPUs. Without one there is no advice (an empty set).
+    2. One node that holds the guest (free CPUs and free memory): the one with the
+       most free CPUs, then the most free memory, then the lowest id.
+    3. Else the fewest nodes that hold it together, taken most free first: by
+       free CPUs, or by free memory where that needs fewer nodes.
+    4. Else (more than the machine has free) every node with CPUs: the guest runs
+       shared, as Red Hat numad would still place it.
+    """
+    usable = [z for z in zones if z.cpus > 0]
+    by_cpus = sorted(usable, key=lambda z: (-z.free_cpus, -z.free_mib, z.node))
+    by_memory = sorted(usable, key=lambda z: (-z.free_mib, -z.free_cpus, z.node))
+    for zone in by_cpus:
+        if zone.free_cpus >= cpus and zone.free_mib >= mib:
+            return NodeSet([zone.node])
+    for count in range(2, len(usable) + 1):
+        for order in (by_cpus, by_memory):
+            chosen = order[:count]
+            if sum(z.free_cpus for z in chosen) >= cpus and sum(z.free_mib for z in chosen) >= mib:
+                return NodeSet(z.node for z in chosen)
+    return NodeSet(z.node for z in usable)
+
+
 def advice(cpus: int, mib: int, socket: str | None, root: str | None) -> NodeSet:
-    """The nodes numad would place a guest of ``cpus`` CPUs and ``mib`` MiB on. A plan
-    makes no cgroup: the spec names one in the first managed root, whichever it is."""
-    spec: dict[str, Any] = {"name": ADVICE_NAME, "policy": "best-effort", "cpus": cpus}
-    if mib:
-        spec["memory"] = f"{mib}Mi"
-    path = socket or (None if root else defaults.SOCKET)
-    if path is not None and os.path.exists(path):
-        from numad.cli.client import APIError, request  # noqa: PLC0415 - the client stays light
-
-        try:
-            health = request(path, "GET", "/v1/health")
-        except APIError as err:  # not ready: it still says where it works
-            health = err.body
-        roots = health.get("managed_roots") or [defaults.MANAGED_ROOT]
-        text = json.dumps({**spec, "cgroup": f"{roots[0].strip('/')}/{ADVICE_NAME}"})
-        result = request(path, "POST", "/v1/plan", text, content_type="application/json")
-        topology = request(path, "GET", "/v1/topology")
-        node_cpus = {int(n): CPUSet(node["cpus"]) for n, node in topology["numa_nodes"].items()}
-    else:
-        from numad.daemon.config import load  # noqa: PLC0415
-        from numad.daemon.service import plan_offline  # noqa: PLC0415
-        from numad.hostfs import HostFS  # noqa: PLC0415 - the daemon's side, offline only
-        from numad.topology.discover import discover  # noqa: PLC0415
-
-        roots = load(None).paths.managed_roots
-        text = json.dumps({**spec, "cgroup": f"{roots[0].strip('/')}/{ADVICE_NAME}"})
-        result = plan_offline(None, root, text, "application/json")
-        topo = discover(HostFS(Path(root).resolve() if root else "/"))
-        node_cpus = {n.id: n.cpus for n in topo.nodes}
-    if not result["admitted"]:
-        raise _UnplaceableError(result["explanation"] or result["detail"])
-    nodes = NodeSet()
-    for c in result["containers"].values():
-        held = CPUSet.parse_list(c["cpus"])
-        nodes |= NodeSet(n for n, own in node_cpus.items() if not own.isdisjoint(held))
-        nodes |= NodeSet.parse_list(c["mems"])
+    """The nodes to advise for a guest of ``cpus`` CPUs and ``mib`` MiB on this machine."""
+    nodes = best_nodes(zones(socket, root), cpus, mib)
     if not nodes:
-        raise _UnplaceableError("the plan holds no node")
+        raise NumadError("this machine", "no NUMA node has online CPUs; there is nothing to advise")
     return nodes
 
 
-class _UnplaceableError(NumadError):
-    def __init__(self, why: str) -> None:
-        super().__init__("guest", f"no placement: {why}")
+def zones(socket: str | None, root: str | None) -> tuple[Zone, ...]:
+    """Each node's free CPUs and memory: the running daemon's (``--socket``, else the
+    default socket where it exists), else this machine (or ``--root``) as on a fresh
+    start, with the config's reserved CPUs."""
+    path = socket or (None if root else defaults.SOCKET)
+    if path is not None and os.path.exists(path):
+        from numad.cli.client import request  # noqa: PLC0415 - the client stays light
+
+        nrt = request(path, "GET", "/v1/nrt")
+    else:
+        from numad.daemon.service import nrt_offline  # noqa: PLC0415 - offline only
+
+        nrt = nrt_offline(None, root)
+    return tuple(_zone(z) for z in nrt["zones"])
+
+
+def _zone(zone: dict[str, Any]) -> Zone:
+    resources = {r["name"]: r for r in zone["resources"]}
+    cpu = resources.get("cpu", {})
+    memory = resources.get("memory", {})
+    return Zone(
+        node=int(zone["name"].removeprefix("node-")),
+        cpus=int(cpu.get("capacity", 0)),
+        free_cpus=int(cpu.get("available", 0)),
+        free_mib=int(memory.get("available", 0)) // _MIB,
+    )

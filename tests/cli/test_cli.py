@@ -191,13 +191,16 @@ def test_the_bundled_machine_is_unpacked_once_into_the_cache(
     first = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
     machines = tmp_path / "cache" / "numad" / "machines"
     (entry,) = machines.iterdir()
-    (root,) = entry.iterdir()
+    (root,) = [p for p in entry.iterdir() if p.is_dir()]  # beside it, the entry's seal
     assert root.name == DEFAULT_MACHINE
     online = root / "sys/devices/system/cpu/online"
-    online.write_text("0-15\n")  # read again only if the cache is used, not re-unpacked
+    inode = online.stat().st_ino
     code, out, _ = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
     assert first[0] == code == 0
-    assert "CPUs 16/32 online" in out
+    assert online.stat().st_ino == inode  # the entry was used, not unpacked again
+    online.write_text("0-15\n")  # an edited entry is not trusted: it is unpacked again
+    code, out, _ = _run(capsys, "topology", "--fixture", DEFAULT_MACHINE)
+    assert "CPUs 32/32 online" in out
     assert [p.name for p in machines.iterdir()] == [entry.name]
 
 

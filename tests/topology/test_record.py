@@ -5,9 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from numad.errors import FixtureError
 from numad.hostfs import HostFS
 from numad.topology.discover import discover
-from numad.topology.record import cached_fixture, load_fixture, record_fixture
+from numad.topology.record import load_fixture, record_fixture
 from numad.topology.render import to_json
 from tests.conftest import CATALOGUE, FIXTURES, Machines
 
@@ -274,64 +272,3 @@ def test_a_name_that_is_no_tar_gz_is_refused(recorded: tuple[HostFS, Path], name
     with pytest.raises(FixtureError, match=r"gzip-compressed tar.*name it host\.tar\.gz"):
         record_fixture(fs, out.with_name(name))
     assert os.listdir(out.parent) == []
-
-
-# -- the cache of unpacked machines ----------------------------------------------
-
-
-def test_the_cache_unpacks_once(recorded: tuple[HostFS, Path], tmp_path: Path) -> None:
-    fs, out = recorded
-    record_fixture(fs, out)
-    cache = tmp_path / "cache"
-    root = cached_fixture(out, cache)
-    assert root.name == "myhost"
-    core = root / "sys/devices/system/cpu/cpu0/topology/core_id"
-    assert core.read_text() == "0\n"
-    core.write_text("7\n")  # a second unpack would put the recorded value back
-    assert cached_fixture(out, cache) == root
-    assert core.read_text() == "7\n"
-    assert [p.name for p in cache.iterdir()] == [root.parent.name]  # no temporary left
-
-
-def test_a_changed_archive_gets_its_own_entry(
-    recorded: tuple[HostFS, Path], tmp_path: Path
-) -> None:
-    fs, out = recorded
-    record_fixture(fs, out)
-    cache = tmp_path / "cache"
-    first = cached_fixture(out, cache)
-    other = out.with_name("other.tar.gz")
-    record_fixture(fs, other)
-    assert cached_fixture(other, cache).parent != first.parent
-    assert len(list(cache.iterdir())) == 2
-
-
-def test_concurrent_callers_share_one_whole_entry(
-    recorded: tuple[HostFS, Path], tmp_path: Path
-) -> None:
-    """Each caller unpacks into its own temporary directory and renames it into place;
-    the losers of the race take the winner's tree and leave nothing behind."""
-    fs, out = recorded
-    record_fixture(fs, out)
-    cache = tmp_path / "cache"
-    start = threading.Barrier(8)
-
-    def unpack() -> Path:
-        start.wait()
-        return cached_fixture(out, cache)
-
-    with ThreadPoolExecutor(8) as pool:
-        roots = set(pool.map(lambda _: unpack(), range(8)))
-    assert len(roots) == 1
-    (root,) = roots
-    assert [p.name for p in cache.iterdir()] == [root.parent.name]
-    assert (root / "sys/devices/system/cpu/online").read_text() == "0\n"
-
-
-def test_a_bad_archive_leaves_no_entry(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.tar.gz"
-    bad.write_bytes(b"not an archive")
-    cache = tmp_path / "cache"
-    with pytest.raises(FixtureError, match=r"bad\.tar\.gz: "):
-        cached_fixture(bad, cache)
-    assert list(cache.iterdir()) == []
