@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,11 @@ def add_commands(sub: Any) -> None:
         "--root", metavar="DIR", help="plan offline on the (recorded) machine under DIR"
     )
     plan.add_argument("--config", type=Path, help="config file for an offline plan")
+    plan.add_argument(
+        "--offline",
+        action="store_true",
+        help="plan without the daemon, on this host (or --root) with its config (or --config)",
+    )
     plan.set_defaults(command=_plan)
 
     release = _client(sub, "release", "release a workload: its CPUs, memory and devices")
@@ -272,7 +278,15 @@ def _rejected_name(error: dict[str, Any], fallback: str) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     text, kind = _read_spec(args.spec)
-    if args.root is None and args.config is None and os.path.exists(_socket(args)):
+    offline = args.offline or args.root is not None or args.config is not None
+    if offline and args.socket is not None:
+        args.usage_error("--socket asks a daemon: leave it out to plan offline")
+    if not offline and args.socket is None and not os.path.exists(_socket(args)):
+        offline = True  # said on stderr: the answer is not the daemon's
+        print(
+            f"numad: no daemon at {_socket(args)}: planning offline for this host", file=sys.stderr
+        )
+    if not offline:  # a --socket given must answer: its error names it
         with _named(args.spec):
             result = request(_socket(args), "POST", "/v1/plan", text, content_type=kind)
     else:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from numad import defaults
+from numad.cli import textout
 from numad.cli.client import APIError, request
 from numad.errors import CgroupError, ConfigError, NumadError, SpecError, WorkloadError
 from numad.hostfs import HostFS, read_regular
@@ -337,9 +338,9 @@ def admit(container: Container, socket: str, fs: HostFS) -> int:
         _release_stale(name, spec["cgroup"], socket)  # a restart that missed its poststop
         placed = request(socket, "POST", "/v1/workloads", body)
     main: dict[str, Any] = next(iter(placed.get("containers", {}).values()), {})
-    cpus, mems = main.get("cpus") or "the shared pool", main.get("mems") or "any"
     print(
-        f"numad: {container.subject}: admitted as {name}: cpus {cpus}, mems {mems}", file=sys.stderr
+        f"numad: {container.subject}: admitted as {name}: {textout.placement(main)}",
+        file=sys.stderr,
     )
     return 0
 

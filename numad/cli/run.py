@@ -104,10 +104,12 @@ def run_command(args: argparse.Namespace) -> int:
             print("\n".join(textout.rejected(name, err.body.get("error", {}))), file=sys.stderr)
             return REJECTED
         placed = answer["containers"].get("main", {})
-        print(
-            f"numad: {name}: cpus {placed.get('cpus') or 'shared pool'}; running {args.cmd[0]}",
-            file=sys.stderr,
-        )
+        where = textout.placement(placed)
+        if not on_cgroupfs(root):
+            where += (
+                f" (not enforced: {root} is no cgroup filesystem, nothing confines the command)"
+            )
+        print(f"numad: {name}: {where}; running {args.cmd[0]}", file=sys.stderr)
         sys.stderr.flush()
         return _child(cgroup, args.cmd)
     except _Signalled as stop:
@@ -118,6 +120,32 @@ def run_command(args: argparse.Namespace) -> int:
         _end(socket, name, (root, cgroup), held=held, made=made)
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def on_cgroupfs(path: Path, mounts: Path = Path("/proc/self/mounts")) -> bool:
+    """Whether ``path`` is a cgroup hierarchy: it lies on a cgroup filesystem (v2, or a
+    v1 controller), or holds one (v1's tmpfs with a mount per controller). A scratch
+    tree (``numad serve --root``) is neither."""
+    real = os.path.realpath(path).rstrip("/") or "/"
+    below = real.rstrip("/") + "/"
+    holder, kind = "", ""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return True  # not known: no warning rather than a false one
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point, fstype = fields[1].replace("\\040", " "), fields[2]
+        cgroupfs = fstype in {"cgroup", "cgroup2"}
+        if cgroupfs and point.startswith(below):
+            return True  # a controller mounted inside it
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(
+            holder
+        ):
+            holder, kind = point, fstype
+    return kind in {"cgroup", "cgroup2"}
 
 
 def _end(socket: str, name: str, where: tuple[Path, Path], *, held: bool, made: bool) -> None:

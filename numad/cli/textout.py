@@ -20,33 +20,62 @@ def admitted(answer: Mapping[str, Any]) -> list[str]:
     name = workload.get("name", "?")
     unit = f" (unit {workload['unit']})" if workload.get("unit") else ""
     placed = "; ".join(
-        f"{c}: {_placement(held)}" for c, held in (workload.get("containers") or {}).items()
+        f"{c}: {placement(held)}" for c, held in (workload.get("containers") or {}).items()
     )
-    return [f"{name}{unit}: admitted; {placed}" if placed else f"{name}{unit}: admitted"]
+    lines = [f"{name}{unit}: admitted; {placed}" if placed else f"{name}{unit}: admitted"]
+    lines += [f"note: {note}" for note in answer.get("notes") or ()]
+    if workload.get("state") == "waiting for its cgroup":
+        lines.append(
+            f"warning: its cgroup {workload.get('cgroup')} does not exist yet: numad holds"
+            " the placement and writes it once the cgroup is made"
+        )
+    return lines
 
 
 def rejected(name: str, answer: Mapping[str, Any]) -> list[str]:
     """A rejection (``admit``, ``plan``, ``run``): the explanation, one part a line."""
-    parts = _parts(answer)
-    parts[0] = parts[0].removeprefix("rejected: ")
-    return [f"{name}: rejected", *_indent(parts)]
+    lines = _explained(answer, {})
+    lines[0] = lines[0].removeprefix("rejected: ")
+    return [f"{name}: rejected", *_indent(lines)]
 
 
 def plan(name: str, answer: Mapping[str, Any]) -> list[str]:
-    """``plan``: the decision explained, then what each container would get."""
+    """``plan``: the decision explained, with what each container would get (or, for
+    a workload admitted already, gets)."""
     if not answer.get("admitted"):
         return rejected(name, answer)
-    parts = _parts(answer)
-    parts[0] = parts[0].replace("admitted", "would be admitted", 1)
-    lines = [f"{name}:", *_indent(parts)]
-    for container, held in (answer.get("containers") or {}).items():
-        lines.append(f"  {container}: {_placement(held)}")
-    return lines
+    containers = answer.get("containers") or {}
+    lines = _explained(answer, containers)
+    if answer.get("already"):
+        lines.insert(0, "admitted already (numad release frees it); it holds:")
+    else:
+        lines[0] = lines[0].replace("admitted", "would be admitted", 1)
+    lines += [f"note: {note}" for note in answer.get("notes") or ()]
+    return [f"{name}:", *_indent(lines)]
 
 
 def explanation(answer: Mapping[str, Any]) -> list[str]:
-    """``explain``: why the workload sits where it does."""
-    return [f"{answer.get('name', '?')}:", *_indent(_parts(answer))]
+    """``explain``: why the workload sits where it does, container by container."""
+    return [f"{answer.get('name', '?')}:", *_indent(_explained(answer, {}))]
+
+
+def _explained(answer: Mapping[str, Any], containers: Mapping[str, Any]) -> list[str]:
+    """The explanation one part a line; with several containers decided, each
+    container's parts under its name; then each container's placement, if given."""
+    explained = answer.get("explained") or []
+    if len(explained) <= 1:
+        lines = _parts(answer)
+        lines += [f"{c}: {placement(held)}" for c, held in containers.items()]
+        return lines
+    lines = [_parts(answer)[0]]
+    for each in explained:
+        first, *rest = each.get("parts") or ["no explanation given"]
+        container = each.get("container", "?")
+        lines.append(f"{container}: {first}")
+        lines += _indent(rest)
+        if container in containers:
+            lines.append(f"  placed: {placement(containers[container])}")
+    return lines
 
 
 def workload(shown: Mapping[str, Any]) -> list[str]:
@@ -61,7 +90,7 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
     if shown.get("outside"):
         lines.append(f"  outside   {shown['outside']}")
     memory = shown.get("memory") or {}
-    if memory:
+    if memory and memory.get("state") != "shared":  # shared: each container says "any node"
         lines.append(f"  memory    {_memory(memory)}")
     for name, c in (shown.get("containers") or {}).items():
         kind = "exclusive" if c.get("exclusive") else "shared pool"
@@ -69,7 +98,7 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
             f"  container {name}",
             f"    cgroup   {c.get('cgroup') or _NONE}",
             f"    cpus     {c.get('cpus') or _NONE} ({kind})",
-            f"    mems     {c.get('mems') or 'any node'}",
+            f"    memory   {_mems(c.get('mems'))}",
             f"    devices  {_devices(c.get('devices') or {})}",
         ]
     return lines
@@ -80,7 +109,7 @@ def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
     if not workloads:
         return ["no workloads admitted"]
     units = any(w.get("unit") for w in workloads)
-    head = ("NAME", "STATE", "CONTAINER", "CPUS", "MEMS", "DEVICES", "CGROUP")
+    head = ("NAME", "STATE", "CONTAINER", "CPUS", "MEMORY", "DEVICES", "CGROUP")
     rows: list[tuple[str, ...]] = [head + ("UNIT",) * units]
     for w in workloads:
         for name, c in (w.get("containers") or {}).items():
@@ -89,8 +118,8 @@ def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
                 str(w.get("name", "?")),
                 str(w.get("state", "?")),
                 name,
-                cpus if c.get("exclusive") else f"{cpus} (shared)",
-                c.get("mems") or _NONE,
+                cpus if c.get("exclusive") else f"{cpus} (shared pool)",
+                _mems(c.get("mems")),
                 _devices(c.get("devices") or {}),
                 c.get("cgroup") or w.get("cgroup") or _NONE,
             )
@@ -134,26 +163,30 @@ def host(answer: Mapping[str, Any]) -> list[str]:
 def _parts(answer: Mapping[str, Any]) -> list[str]:
     """The explanation's parts (numad.placement.explain joins them with "; "), else the detail."""
     text = answer.get("explanation") or answer.get("detail") or "no explanation given"
-    parts = str(text).split("; ")
-    detail = answer.get("detail")
-    if detail and detail not in text:
-        parts.insert(1, str(detail))
-    return parts
+    return str(text).split("; ")
 
 
 def _indent(lines: Sequence[str]) -> list[str]:
     return [f"  {line}" for line in lines]
 
 
-def _placement(held: Mapping[str, Any]) -> str:
+def placement(held: Mapping[str, Any]) -> str:
     cpus = held.get("cpus") or "shared pool"
     if "exclusive" in held and not held["exclusive"]:
         cpus = f"{cpus} (shared pool)"
-    words = [f"cpus {cpus}", f"mems {held.get('mems') or 'any'}"]
+    words = [f"cpus {cpus}", f"memory {_mems(held.get('mems'))}"]
     devices = held.get("devices") or {}
     if devices:
         words.append(f"devices {_devices(devices)}")
     return ", ".join(words)
+
+
+def _mems(mems: object) -> str:
+    """Memory nodes as the glossary words them: "any node" when not pinned."""
+    if not mems:
+        return "any node"
+    text = str(mems)
+    return f"node {text}" if text.isdigit() else f"nodes {text}"
 
 
 def _devices(devices: Mapping[str, Sequence[str]]) -> str:
@@ -165,7 +198,7 @@ def _devices(devices: Mapping[str, Sequence[str]]) -> str:
 def _memory(memory: Mapping[str, Any]) -> str:
     words = [str(memory.get("state", "?"))]
     if memory.get("nodes"):
-        words.append(f"on nodes {memory['nodes']}")
+        words.append(f"on {_mems(memory['nodes'])}")
     if memory.get("locality") is not None:
         words.append(f"locality {float(memory['locality']):.0%}")
     return ", ".join(words)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
+from numad.daemon.answers import outcome_json
 from numad.daemon.listener import BoundedHandler, BoundedServer, Limits
 from numad.daemon.metrics import Metrics
 from numad.defaults import check_socket_path
@@ -88,25 +89,6 @@ class Backend(Protocol):
 
 def _error(status: int, code: str, message: str, **extra: Any) -> Answer:
     return status, {"error": {"code": code, "message": message, **extra}}
-
-
-def outcome_json(outcome: Outcome) -> dict[str, Any]:
-    why = outcome.explanation
-    return {
-        "admitted": outcome.admitted,
-        "reason": None if outcome.reason is None else str(outcome.reason),
-        "detail": outcome.detail,
-        "explanation": None if why is None else why.text(),
-        "conflict": [] if why is None else list(why.conflict),
-        "containers": {
-            name: {
-                "cpus": p.cpus.format_list(),
-                "mems": p.mems.format_list(),
-                "devices": {k: list(v) for k, v in p.devices.items()},
-            }
-            for name, p in outcome.placements.items()
-        },
-    }
 
 
 class _Handler(BoundedHandler):
@@ -257,11 +239,12 @@ class _Handler(BoundedHandler):
                 415, "unsupported_media_type", f"request: unsupported Content-Type {kind!r}"
             )
         spec = daemon.parse(raw.decode("utf-8", errors="replace"), _FORMATS[kind])
+        notes = {"notes": spec.notes()}
         if route == "plan":
-            return 200, outcome_json(daemon.plan(spec))
+            return 200, {**outcome_json(daemon.plan(spec)), **notes}
         outcome = daemon.admit(spec)
         if outcome.admitted:
-            return 201, {**outcome_json(outcome), "workload": daemon.show(spec.name)}
+            return 201, {**outcome_json(outcome), **notes, "workload": daemon.show(spec.name)}
         why = outcome_json(outcome)
         affinity = outcome.reason is not None and "Topology" in outcome.reason
         return _error(

@@ -71,6 +71,7 @@ from typing import Any, TypeVar
 
 from numad import defaults
 from numad.cpuset import CPUSet
+from numad.daemon.selectors import hex_id, pci_address, pci_ids
 from numad.errors import ConfigError
 from numad.placement.managers.cpu.static import CPUOption
 from numad.placement.managers.device import DeviceClass
@@ -364,14 +365,17 @@ def _classes(raw: _Table) -> tuple[DeviceClass, ...]:
                 "selects nothing",
                 "give vendor, device, class-prefix, driver or addresses",
             )
+        where = sel.where
+        vendor, device = pci_ids(where, sel.string("vendor", None), sel.string("device", None))
+        prefix = sel.string("class-prefix", None)
         classes.append(
             DeviceClass(
                 name=str(name),
-                vendor=sel.string("vendor", None),
-                device=sel.string("device", None),
-                class_prefix=sel.string("class-prefix", None),
+                vendor=vendor,
+                device=device,
+                class_prefix=None if prefix is None else hex_id(f"{where} class-prefix", prefix, 6),
                 driver=sel.string("driver", None),
-                addresses=tuple(a.lower() for a in sel.strings("addresses", ())),
+                addresses=tuple(pci_address(where, a) for a in sel.strings("addresses", ())),
             )
         )
     return tuple(classes)

@@ -90,6 +90,7 @@ class Reconciler:
             self.enforcer.written.clear()
             for change in new.flagged:
                 self.health.set(f"hotplug:{change.split(':')[0]}", change)
+            self.check_classes()
             self.commits.after_commit(self.commits.enforce)
         self.update_gauges()
         self.log.info(
@@ -157,6 +158,22 @@ class Reconciler:
             moving = memory["state"] == "migrating"
             self.migrations.check(name, share, self.config.locality_threshold, moving)
 
+    def check_classes(self) -> None:
+        """A device class that selects no device on this machine is a health problem
+        and a warning (a selector mistyped, a driver not bound yet): every request for
+        it is rejected until a device comes."""
+        classes = self.held.books.devices.inventory.classes
+        for c in self.config.device_classes:
+            key = f"devices:{c.name}"
+            if classes.get(c.name):
+                self.health.clear(key)
+            elif not self.health.has(key):
+                problem = (
+                    f"device class {c.name}: {c.described()} selects no device on this machine"
+                )
+                self.health.set(key, problem)
+                self.log.warning("device_class_empty", device_class=c.name, selector=c.described())
+
     def _check_root(self) -> None:
         root = getattr(self.cgroups, "root", None)
         if root is not None and not Path(root).is_dir():
@@ -181,11 +198,18 @@ class Reconciler:
             present = [self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers]
             if any(p is True for p in present):
                 held.seen.add(name)
+            self._say_cgroup(name, spec, present)
             if any(p is True for p in present) and not self._idle(spec, present):
                 held.gone_since.pop(name, None)
             elif name in held.seen and all(p is not None for p in present):
                 since = held.gone_since.setdefault(name, now)
-                if now - since >= self.config.release_grace_seconds:
+                grace = self.config.release_grace_seconds
+                self.health.set(
+                    f"cgroup-of:{name}",
+                    f"{name}: its cgroup {spec.cgroup} is gone or empty; released"
+                    f" {grace - (now - since):.0f} s after this pass unless it is back",
+                )
+                if now - since >= grace:
                     event = "workload_cgroup_empty" if any(present) else "workload_cgroup_removed"
                     self.log.info(event, workload=name)
                     with contextlib.suppress(CheckpointError):  # released at a later pass
@@ -193,6 +217,18 @@ class Reconciler:
         if held.seen - was:  # kept, so that cgroups gone while numad is down still count
             with contextlib.suppress(CheckpointError):  # health says so; the next pass retries
                 self.commits.commit(held.books, held.specs)
+
+    def _say_cgroup(self, name: str, spec: WorkloadSpec, present: list[bool | None]) -> None:
+        """Health names a workload whose cgroup numad has never seen (it holds its
+        placement, written once the cgroup is made)."""
+        if name in self.held.seen or not all(p is False for p in present):
+            self.health.clear(f"cgroup-of:{name}")
+        else:
+            self.health.set(
+                f"cgroup-of:{name}",
+                f"{name}: waiting for its cgroup {spec.cgroup}: it holds its placement,"
+                " written once the cgroup is made",
+            )
 
     def _idle(self, spec: WorkloadSpec, present: list[bool | None]) -> bool:
         """A transient workload whose cgroups that exist have no process left (its

@@ -114,6 +114,7 @@ class Daemon:
             held, config, state_dir, log, self.health, self.enforcer, self.isolation, self.irqs
         )
         self.views = Views(held, config, self.metrics, self.isolation, self.irqs, self.migrations)
+        self.views.clock = clock
         self.reconciler = Reconciler(
             held,
             self.commits,
@@ -131,10 +132,11 @@ class Daemon:
         )
         # What the API, the loops and the page call: each part's own methods.
         self.reconcile, self.rediscover = self.reconciler.reconcile, self.reconciler.rediscover
-        self.show, self.list_all, self.explain = (
+        self.show, self.list_all, self.explain, self.plan = (
             self.views.show,
             self.views.list_all,
             self.views.explain,
+            self.views.plan,
         )
         self.nrt, self.host, self.memory_of = self.views.nrt, self.views.host, self.views.memory_of
         self.update_gauges = self.views.update_gauges
@@ -191,7 +193,7 @@ class Daemon:
 
     @clock.setter
     def clock(self, value: Callable[[], float]) -> None:
-        self.reconciler.clock = value
+        self.reconciler.clock = self.views.clock = value
 
     def interrupt(self) -> None:
         """SIGTERM: a pass or request under way ends its cgroup writes now (``stop``
@@ -257,6 +259,7 @@ class Daemon:
             MemoryState(MemoryTable.build(held.topology, self.config.memory_reserved)),
             DeviceState(DeviceInventory.build(held.topology, self.config.device_classes)),
         )
+        self.reconciler.check_classes()
         if checkpoint is not None:
             resume(self.held, self.commits, checkpoint, self.config, self.health, self.log)
         with contextlib.suppress(CheckpointError):  # not ready, said in health; retried
@@ -290,12 +293,6 @@ class Daemon:
 
     def parse(self, text: str, fmt: str) -> WorkloadSpec:
         return parse_spec(text, fmt, **self._spec_args())  # type: ignore[arg-type]
-
-    def plan(self, spec: WorkloadSpec) -> Outcome:
-        held = self.held
-        with self.lock:
-            _, outcome = admit(held.engine, held.books, spec.to_request())
-            return outcome
 
     def admit(self, spec: WorkloadSpec) -> Outcome:
         held = self.held
@@ -357,8 +354,8 @@ class Daemon:
             self.commits.crash_point("release:after-checkpoint")
             held.books, held.specs = books, specs
             held.forget(name)
-            self.health.clear(f"workload:{name}")
-            self.health.clear(f"outside:{name}")
+            for problem in ("workload", "outside", "cgroup-of"):
+                self.health.clear(f"{problem}:{name}")
             self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
             with contextlib.suppress(KeyError):  # never measured
                 self.metrics.locality.remove(name)

@@ -23,7 +23,8 @@ import structlog
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import notify
-from numad.daemon.api import Server, outcome_json
+from numad.daemon.answers import outcome_json
+from numad.daemon.api import Server
 from numad.daemon.config import Config, check_reserved, load
 from numad.daemon.instance import acquire_host
 from numad.daemon.livepage import LivePage
@@ -238,4 +239,5 @@ def plan_offline(
         fs = HostFS(Path(root).resolve() if root else "/")
         daemon = Daemon(config, fs, _NoCgroups(), Path(scratch), structlog.get_logger("numad"))
         daemon.start()
-        return outcome_json(daemon.plan(daemon.parse(text, kind.split("/")[1])))
+        spec = daemon.parse(text, kind.split("/")[1])
+        return {**outcome_json(daemon.plan(spec)), "notes": spec.notes()}

@@ -7,9 +7,12 @@ Daemon side, a collaborator of ``numad.daemon.root.Daemon``: reads the shared
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.answers import explained_json
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
@@ -18,7 +21,7 @@ from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.host.migration import Migrations
 from numad.host.unmovable import unmovable
-from numad.placement.admission import Outcome, placements
+from numad.placement.admission import Outcome, admit, placements
 from numad.placement.nrt import nrt_object
 from numad.workload.shape import WorkloadSpec
 
@@ -39,6 +42,24 @@ class Views:
         self.isolation = isolation
         self.irqs = irqs
         self.migrations = migrations
+        self.clock: Callable[[], float] = time.monotonic  # the daemon's, set by it
+
+    def plan(self, spec: WorkloadSpec) -> Outcome:
+        """What admitting ``spec`` would do; for a workload admitted already, what it
+        holds (and why, where this numad decided it)."""
+        held = self.held
+        with held.lock:
+            if spec.name in held.specs:
+                before = held.outcomes.get(spec.name)
+                return Outcome(
+                    True,
+                    () if before is None else before.decisions,
+                    placements(held.books, spec.name),
+                    asks=() if before is None else before.asks,
+                    held=True,
+                )
+            _, outcome = admit(held.engine, held.books, spec.to_request())
+            return outcome
 
     def list_all(self) -> list[dict[str, Any]]:
         held = self.held
@@ -53,13 +74,13 @@ class Views:
             if name in held.unplaced:
                 return {"explanation": f"unplaced: {held.unplaced[name]}", "conflict": []}
             outcome = held.outcomes.get(name)
-            why = None if outcome is None else outcome.explanation
-            if why is None:
+            if outcome is None or outcome.explanation is None:
                 return {
                     "explanation": "restored from the checkpoint; placed before this start",
                     "conflict": [],
+                    "explained": [],
                 }
-            return {"explanation": why.text(), "conflict": list(why.conflict)}
+            return explained_json(outcome)
 
     def nrt(self) -> dict[str, Any]:
         """This host as a NodeResourceTopology object, with what is held now."""
@@ -122,6 +143,9 @@ class Views:
                 shown["unplaced"] = held.unplaced[name]
             shown["memory"] = self.memory_of(name)
             shown["state"] = shown["memory"]["state"]
+            cgroup = self.cgroup_state(name)
+            if cgroup:
+                shown["state"] = cgroup
             if name in held.outside:
                 shown["state"] = "outside"
                 shown["outside"] = (
@@ -130,6 +154,21 @@ class Views:
                     " its root back and restart numad"
                 )
             return shown
+
+    def cgroup_state(self, name: str) -> str:
+        """ "waiting for its cgroup" (never seen yet), "cgroup gone, released in N s"
+        (or empty, for a transient one), else "" (a unit's cgroup is systemd's to make)."""
+        held = self.held
+        spec = held.specs[name]
+        if spec.unit is not None or name in held.outside:
+            return ""
+        since = held.gone_since.get(name)
+        if since is not None:
+            left = max(0.0, self.config.release_grace_seconds - (self.clock() - since))
+            paths = held.cgroups_of(spec)
+            how = "empty" if any(map(self.isolation.exists, paths)) else "gone"
+            return f"cgroup {how}, released in {left:.0f} s"
+        return "" if name in held.seen else "waiting for its cgroup"
 
     def _memory_nodes(self, name: str) -> tuple[list[str], NodeSet]:
         """The cgroups of the workload's exclusive containers, and its own nodes: their

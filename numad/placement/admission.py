@@ -80,20 +80,48 @@ class Outcome:
     reason: Reason | None = None
     detail: str = ""
     failed_container: str | None = None
-    asked: Asked | None = None  # the decisive merge's request
+    # What each decided container asked for, in decision order; by pod scope one, the pod's.
+    asks: tuple[Asked, ...] = ()
     free: tuple[NodeFree, ...] = ()  # what each node had free, on a rejection
+    held: bool = False  # decided before: the workload holds these placements already
 
     @property
     def explanation(self) -> Explanation | None:
         """The explanation of the decisive merge (the rejected one, else the last); an
         allocation that failed after the merge admitted makes it a rejection."""
-        if not self.decisions:
+        explained = self.explained()
+        if not explained:
             return None
-        failure = self.detail if self.reason is Reason.ALLOCATION else ""
-        for name, decision in self.decisions:
+        for name, why in explained:
             if name == self.failed_container:
-                return explain(decision, self.asked, self.free, failure)
-        return explain(self.decisions[-1][1], self.asked, self.free, failure)
+                return why
+        return explained[-1][1]
+
+    def explained(self) -> tuple[tuple[str, Explanation], ...]:
+        """Each decided container's explanation, in decision order (by pod scope one:
+        ``"the pod"``'s). Only the decisive one of a rejection lists what was free; a
+        container after it was not decided and is not listed."""
+        if not self.decisions:
+            return ()
+        failure = self.detail if self.reason is Reason.ALLOCATION else ""
+        if self.asks and self.asks[0].container == POD:
+            return ((POD, explain(self.decisions[0][1], self.asks[0], self.free, failure)),)
+        asks = {a.container: a for a in self.asks}
+        out = []
+        for name, decision in self.decisions:
+            decisive = name == self.failed_container
+            out.append(
+                (
+                    name,
+                    explain(
+                        decision,
+                        asks.get(name),
+                        self.free if decisive else (),
+                        failure if decisive else "",
+                    ),
+                )
+            )
+        return tuple(out)
 
 
 def _providers(
@@ -158,7 +186,7 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 {},
                 Reason.TOPOLOGY,
                 failed_container=ordered[0].name,
-                asked=_asked(pod, "the pod"),
+                asks=(_asked(books, pod, POD),),
                 free=_free(engine, books, pod),
             )
     start = books
@@ -181,7 +209,7 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 {},
                 Reason.TOPOLOGY,
                 failed_container=container.name,
-                asked=_asked(container),
+                asks=_asks(start, ordered[: len(decisions)]),
                 free=_free(engine, books, container),
             )
         try:
@@ -194,22 +222,36 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 Reason.ALLOCATION,
                 err.problem,
                 failed_container=container.name,
-                asked=_asked(container),
+                asks=_asks(start, ordered[: len(decisions)]),
                 free=_free(engine, books, container),
             )
         if container.kind is ContainerKind.INIT:
             donors.append(key)
-    last = ordered[-1] if pod_decision is None else _pod_request(workload.name, ordered)
-    return books, Outcome(
-        True,
-        tuple(decisions),
-        placements(books, workload.name),
-        asked=_asked(last, "the pod" if pod_decision is not None else ""),
+    asks = (
+        _asks(start, ordered)
+        if pod_decision is None
+        else (_asked(start, _pod_request(workload.name, ordered), POD),)
     )
+    return books, Outcome(True, tuple(decisions), placements(books, workload.name), asks=asks)
 
 
-def _asked(request: ContainerRequest, who: str = "") -> Asked:
-    return Asked(who or request.name, request.cpus, request.memory, request.devices)
+POD = "the pod"  # who asks, by pod scope
+
+
+def _asks(books: Books, containers: Sequence[ContainerRequest]) -> tuple[Asked, ...]:
+    return tuple(_asked(books, c) for c in containers)
+
+
+def _asked(books: Books, request: ContainerRequest, who: str = "") -> Asked:
+    """What ``request`` asks for, with how many devices of each asked class were free
+    on the whole machine before the workload."""
+    classes = books.devices.inventory.classes
+    asked = [name for name, count in request.devices.items() if count and name in classes]
+    available = {name: len(books.devices.free(name)) for name in asked}
+    present = {name: len(classes[name]) for name in asked}
+    return Asked(
+        who or request.name, request.cpus, request.memory, request.devices, available, present
+    )
 
 
 def _free(engine: Engine, books: Books, request: ContainerRequest) -> tuple[NodeFree, ...]:

@@ -11,6 +11,7 @@ reader may show one part a line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,10 +45,13 @@ class Asked:
     cpus: int = 0  # exclusive CPUs (0: the shared pool)
     memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes
     devices: Mapping[str, int] = field(default_factory=dict)  # class -> count
+    # class -> devices of it free on the whole machine, when it was decided
+    available: Mapping[str, int] = field(default_factory=dict, compare=False)
+    present: Mapping[str, int] = field(default_factory=dict, compare=False)  # class -> devices
 
     def text(self) -> str:
-        parts = [_cpus(self.cpus, "exclusive ") if self.cpus else "shared CPUs"]
-        parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items()) if b]
+        parts = [_cpus(self.cpus, "exclusive ") if self.cpus else "CPUs of the shared pool"]
+        parts += [f"{human_bytes(b)} {name}" for name, b in sorted(self.memory.items()) if b]
         parts += [f"{n} {name}" for name, n in sorted(self.devices.items()) if n]
         return f"{self.container} asks for {', '.join(parts)}"
 
@@ -63,7 +67,7 @@ class NodeFree:
 
     def text(self) -> str:
         parts = [_cpus(self.cpus)]
-        parts += [f"{_bytes(b)} {name}" for name, b in sorted(self.memory.items())]
+        parts += [f"{human_bytes(b)} {name}" for name, b in sorted(self.memory.items())]
         parts += [f"{n} {name}" for name, n in sorted(self.devices.items())]
         return f"node {self.node} has {', '.join(parts)} free"
 
@@ -88,7 +92,7 @@ class Explanation:
         out += [f.text() for f in self.free[:FREE_SHOWN]]
         if len(self.free) > FREE_SHOWN:
             out.append(f"{len(self.free) - FREE_SHOWN} more nodes (numad topology shows them)")
-        lines = [_resource_line(r) for r in self.resources if r.resource]
+        lines = [_resource_line(r, self.asked) for r in self.resources if r.resource]
         out += lines or ["no resource asked for NUMA placement"]
         return tuple(out)
 
@@ -97,8 +101,8 @@ class Explanation:
 
     def _decision(self) -> str:
         if self.failure:  # never "admitted": the merge's answer did not hold
-            return f"rejected: {self.failure} (policy {self.policy})"
-        where = "any NUMA node" if self.affinity is None else f"NUMA nodes {_nodes(self.affinity)}"
+            return f"rejected: {plain(self.failure)} (policy {self.policy})"
+        where = "any NUMA node" if self.affinity is None else nodes_text(self.affinity)
         if self.admitted:
             quality = "preferred" if self.preferred else "not preferred"
             return f"admitted on {where} ({quality}, policy {self.policy})"
@@ -198,14 +202,18 @@ def _common(group: Sequence[ResourceView]) -> bool:
     return any(all(v.anywhere or s in v.preferred for v in group) for s in candidates)
 
 
-def _resource_line(view: ResourceView) -> str:
+def _resource_line(view: ResourceView, asked: Asked | None) -> str:
+    if asked is not None and asked.present.get(view.resource, 1) == 0:
+        return f"{view.resource}: its selector matches no device on this machine"
+    if asked is not None and asked.available.get(view.resource, 1) == 0:
+        return f"{view.resource}: none free on this machine"
     if view.nowhere:
         return f"{view.resource} fits nowhere"
     if view.anywhere and not view.preferred:
-        return f"{view.resource} fits anywhere"
+        return f"{view.resource} has no NUMA preference"
     if not view.preferred:
         return f"{view.resource} fits on no preferred node set"
-    sets = " or ".join(_nodes(s) for s in view.preferred[:4])
+    sets = " or ".join(nodes_text(s) for s in view.preferred[:4])
     more = f" (+{len(view.preferred) - 4} more)" if len(view.preferred) > 4 else ""
     if view.more:
         more = " (and more)"
@@ -213,8 +221,9 @@ def _resource_line(view: ResourceView) -> str:
     return f"{view.resource} fits {only}on {sets}{more}"
 
 
-def _nodes(nodes: NodeSet) -> str:
-    return "{" + ",".join(str(n) for n in nodes) + "}"
+def nodes_text(nodes: NodeSet) -> str:
+    """A node set as numad writes one in text: "node 0", "nodes 0-1,3" (the kernel's list)."""
+    return f"node {nodes.format_list()}" if len(nodes) == 1 else f"nodes {nodes.format_list()}"
 
 
 def _names(names: Sequence[str]) -> str:
@@ -223,12 +232,54 @@ def _names(names: Sequence[str]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _bytes(n: int) -> str:
-    """Bytes as specs write them: a whole Ti, Gi or Mi where exact, else one decimal."""
-    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+# The managers fail in the kubelet's words (the conformance vectors hold them, and the
+# API's ``detail`` keeps them); an explanation says the same in plain words.
+_PLAIN: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), words)
+    for pattern, words in (
+        (
+            r"\[memorymanager\] failed to .*no NUMA nodes with enough memory",
+            "no NUMA node, nor set of nodes, has that much memory free",
+        ),
+        (
+            r"\[memorymanager\] preferred hint violates NUMA node allocation",
+            "its NUMA nodes already hold memory spread across another set of nodes",
+        ),
+        (
+            r"requested number of devices unavailable for (\S+)\. "
+            r"Requested: (\d+), Available: (\d+)",
+            r"\2 \1 asked for, \3 free",
+        ),
+        (
+            r"not enough cpus available to satisfy request: requested=(\d+), available=(\d+)",
+            r"\1 exclusive CPUs asked for, \2 free",
+        ),
+        (
+            r"SMT Alignment Error: requested (\d+) cpus not multiple cpus per core = (\d+)",
+            r"\1 CPUs is not a whole number of cores (\2 CPUs each)",
+        ),
+        (
+            r"SMT Alignment Error: not enough free physical CPUs: available physical CPUs = "
+            r"(\d+), requested CPUs = (\d+), .*",
+            r"\2 CPUs asked for on whole cores, \1 free there",
+        ),
+    )
+)
+
+
+def plain(problem: str) -> str:
+    """A manager's failure in plain words (unchanged when it is plain already)."""
+    for pattern, words in _PLAIN:
+        found = pattern.search(problem)
+        if found:
+            return found.expand(words)
+    return problem
+
+
+def human_bytes(n: int) -> str:
+    """Bytes in the largest unit that holds one (Ti, Gi, Mi, Ki), to one decimal:
+    "2Gi", "21.8Gi", "190.7Ti"."""
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f}".removesuffix(".0") + unit
     return f"{n}B"

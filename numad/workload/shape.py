@@ -67,6 +67,22 @@ class WorkloadSpec:
             self.policy,
         )
 
+    def notes(self) -> list[str]:
+        """What the spec asks for that a reader may not expect: a fractional or
+        millicpu request runs on the shared pool, not on exclusive CPUs."""
+        out = []
+        for c in self.containers:
+            m = c.shared_millicpus
+            if not m:
+                continue
+            who = f"{self.name}/{c.name}" if len(self.containers) > 1 else self.name
+            if m % 1000:
+                asked = f"{m / 1000:g} CPUs is not a whole number"
+            else:
+                asked = f"{m}m is written in millicpus (write {m // 1000} for exclusive CPUs)"
+            out.append(f"{who}: {asked}: it runs on the shared pool, not on CPUs of its own")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The spec in its own JSON shape: ``parse_spec`` reads it back to an equal spec."""
         out: dict[str, Any] = {"name": self.name}

@@ -66,7 +66,7 @@ def test_text_by_default_json_on_request(capsys: Capture, daemon: Numad, specs: 
     db = daemon.call("GET", "/v1/workloads/db")["containers"]["main"]
     engines = ",".join(db["devices"]["vector-engine"])
     assert out == (
-        f"db: admitted; main: cpus {db['cpus']}, mems any, devices vector-engine={engines}\n"
+        f"db: admitted; main: cpus {db['cpus']}, memory any node, devices vector-engine={engines}\n"
     )
     code, out, _ = _run(capsys, "admit", str(specs / "web.toml"), "--json", *sock)
     assert code == 0
@@ -87,10 +87,10 @@ def test_text_by_default_json_on_request(capsys: Capture, daemon: Numad, specs: 
             assert "{'" not in text, argv  # no Python reprs
         _, listed, _ = _run(capsys, "list", *sock)
         head, *rows = listed.splitlines()
-        assert head.split() == ["NAME", "STATE", "CONTAINER", "CPUS", "MEMS", "DEVICES", "CGROUP"]
+        assert head.split() == ["NAME", "STATE", "CONTAINER", "CPUS", "MEMORY", "DEVICES", "CGROUP"]
         assert rows[0].split()[:4] == ["db", "placed", "main", db["cpus"]]
         assert rows[1].split()[:3] == ["web", "shared", "main"]
-        assert rows[1].split()[4] == "(shared)"
+        assert rows[1].split()[4:6] == ["(shared", "pool)"]
         _, shown, _ = _run(capsys, "show", "db", *sock)
         assert shown.splitlines()[:2] == ["db: placed", "  cgroup    numad.slice/db"]
         assert f"    cpus     {db['cpus']} (exclusive)" in shown.splitlines()
@@ -98,10 +98,10 @@ def test_text_by_default_json_on_request(capsys: Capture, daemon: Numad, specs: 
         _, why, _ = _run(capsys, "explain", "db", *sock)
         assert why.splitlines() == [
             "db:",
-            "  admitted on NUMA nodes {0} (preferred, policy single-numa-node)",
+            "  admitted on node 0 (preferred, policy single-numa-node)",
             "  main asks for 4 exclusive CPUs, 2 vector-engine",
-            "  vector-engine fits only on {0}",
-            "  cpu fits on {0} or {1}",
+            "  vector-engine fits only on node 0",
+            "  cpu fits on node 0 or node 1",
         ]
         _, host, _ = _run(capsys, "host", *sock)
         assert f"exclusive  {db['cpus']}" in host.splitlines()
@@ -282,12 +282,13 @@ def test_admit_and_release_a_unit(capsys: Capture, tmp_path: Path) -> None:
         argv = ["admit", "--unit", "db.service", "--cpus", "2", "--memory", "1Gi"]
         argv += ["--device", "gpu=1", "--device", "nic=2", "--policy", "restricted", *sock]
         code, out, _ = _run(capsys, *argv)
-        assert (code, out) == (0, "db (unit db.service): admitted; main: cpus 2-3, mems 0\n")
+        assert (code, out) == (0, "db (unit db.service): admitted; main: cpus 2-3, memory node 0\n")
         code, out, _ = _run(capsys, "admit", "--unit", "web.service", "--cpus", "500m", *sock)
         assert code == 0
         code, out, _ = _run(capsys, "list", *sock)
         assert out.splitlines()[1].split() == [
-            "db", "placed", "main", "2-3", "0", "-", "system.slice/db.service", "db.service"
+            "db", "placed", "main", "2-3", "node", "0", "-", "system.slice/db.service",
+            "db.service"
         ]  # fmt: skip
         code, out, _ = _run(capsys, "release", "--unit", "db.service", *sock)
         assert (code, out) == (0, "db: released\n")

@@ -158,7 +158,7 @@ def test_admit_list_show_explain_release(numad: Numad) -> None:
     shown = numad.call("GET", "/v1/workloads/db")
     assert shown["containers"]["main"]["cpus"] == db_cpus.format_list()
     why = numad.call("GET", "/v1/workloads/db/explain")
-    assert "vector-engine fits only on {0}" in why["explanation"]
+    assert "vector-engine fits only on node 0" in why["explanation"]
     plan = numad.call("POST", "/v1/plan", _spec("batch", 6))
     assert plan["admitted"]
     assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == [
@@ -336,8 +336,10 @@ def test_run_admits_a_transient_workload_runs_the_command_and_releases_it(numad:
     assert args.strip() == "['--', 'x']"  # an inner "--" belongs to the command
     # The command ran in the workload's cgroup, on the exclusive CPUs numad gave it.
     assert (numad.cgroups / "numad.slice/job/cgroup.procs").read_text().split() == [pid]
-    cpus = done.stderr.split("job: cpus ")[1].split(";")[0]
+    cpus = done.stderr.split("job: cpus ")[1].split(", memory")[0]
     assert len(CPUSet.parse_list(cpus)) == 2
+    # A scratch tree confines nothing, and numad run says so.
+    assert "not enforced" in done.stderr.split("job: cpus ")[1].split("\n")[0]
     # ... and was released when the command exited.
     assert "numad: job: released" in done.stderr
     assert [w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]] == []

@@ -151,8 +151,8 @@ def test_rejection_names_the_conflicting_resources() -> None:
     assert why.conflict == ("example.com/gpu", "memory")
     assert why.text() == (
         "rejected: no NUMA node set is preferred by all of example.com/gpu and memory "
-        "(policy restricted); example.com/gpu fits only on {1}; cpu fits on {0} or {1}; "
-        "memory fits only on {0}"
+        "(policy restricted); example.com/gpu fits only on node 1; cpu fits on node 0 or node 1; "
+        "memory fits only on node 0"
     )
 
 
@@ -176,7 +176,7 @@ def test_admission_is_explained_too() -> None:
     decision = merge(Policy.RESTRICTED, PolicyOptions(), TWO_NODES, providers)
     assert decision.admit
     assert explain(decision).text() == (
-        "admitted on NUMA nodes {1} (preferred, policy restricted); cpu fits on {0} or {1}; "
-        "memory fits only on {1}"
+        "admitted on node 1 (preferred, policy restricted); cpu fits on node 0 or node 1; "
+        "memory fits only on node 1"
     )
     assert explain(decision).conflict == ()

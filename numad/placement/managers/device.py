@@ -39,6 +39,18 @@ class DeviceClass:
     driver: str | None = None
     addresses: tuple[str, ...] = ()
 
+    def described(self) -> str:
+        """The selectors as the config gives them: "vendor 0x1bcf, class-prefix 0x0b40"."""
+        if self.addresses:
+            return "addresses " + ", ".join(self.addresses)
+        given = (
+            ("vendor", self.vendor),
+            ("device", self.device),
+            ("class-prefix", self.class_prefix),
+            ("driver", self.driver),
+        )
+        return ", ".join(f"{k} {v}" for k, v in given if v is not None)
+
     def matches(self, d: PciDevice) -> bool:
         if self.addresses:
             return d.address in self.addresses

@@ -1,0 +1,54 @@
+"""The API's answers about admission outcomes, as JSON values: the placement of each
+container and the decision explained (the whole text, and each container's parts).
+Used by the API, the views and the offline plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from numad.placement.admission import Outcome
+
+
+def explained_json(outcome: Outcome) -> dict[str, Any]:
+    """The outcome explained: ``explanation`` the whole text ("; " between parts),
+    ``conflict`` the decisive merge's, ``explained`` each decided container's parts."""
+    explained = outcome.explained()
+    why = outcome.explanation
+    if len(explained) == 1:
+        text = explained[0][1].text()
+    else:
+        parts = [
+            f"admitted: {len(explained)} containers"
+            if outcome.admitted
+            else f"rejected: container {outcome.failed_container} cannot be placed"
+        ]
+        for name, each in explained:
+            first, *rest = each.parts()
+            parts += [f"{name}: {first}", *rest]
+        text = "; ".join(parts) if explained else ""
+    return {
+        "explanation": text or None,
+        "conflict": [] if why is None else list(why.conflict),
+        "explained": [
+            {"container": name, "parts": list(each.parts()), "conflict": list(each.conflict)}
+            for name, each in explained
+        ],
+    }
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "admitted": outcome.admitted,
+        "already": outcome.held,
+        "reason": None if outcome.reason is None else str(outcome.reason),
+        "detail": outcome.detail,
+        **explained_json(outcome),
+        "containers": {
+            name: {
+                "cpus": p.cpus.format_list(),
+                "mems": p.mems.format_list(),
+                "devices": {k: list(v) for k, v in p.devices.items()},
+            }
+            for name, p in outcome.placements.items()
+        },
+    }
