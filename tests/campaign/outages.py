@@ -66,6 +66,18 @@ def gone_while_down(sim: Simulation) -> None:
     sim.expect(not kept, f"{kept}: cgroups gone while numad was down, still held after the grace")
 
 
+def _new_cgroup(sim: Simulation) -> str | None:
+    """A name no workload has, its cgroup ``numad.slice/NAME`` made; None when every
+    name is taken."""
+    free = [n for n in NAMES if n not in sim.daemon.specs]
+    if not free:
+        return None
+    name = sim.rng.choice(free)
+    scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+    sim.removed.discard(name)
+    return name
+
+
 def _client(sim: Simulation, path: str) -> subprocess.Popen[bytes] | None:
     """A live process in the cgroup: this one, or a child ``sleep`` (the command a
     ``numad run`` client started there)."""
@@ -96,13 +108,10 @@ def _kill(sim: Simulation, path: str, child: subprocess.Popen[bytes] | None) -> 
 def killed_client(sim: Simulation) -> None:
     """``numad run`` admits a transient workload and its command joins the cgroup;
     then the client is killed and never releases it."""
-    free = [n for n in NAMES if n not in sim.daemon.specs]
-    if not free:
+    name = _new_cgroup(sim)
+    if name is None:
         return
-    name = sim.rng.choice(free)
     path = f"numad.slice/{name}"
-    scratch_mkdir(sim.cgroups, path)
-    sim.removed.discard(name)
     child = _client(sim, path)
     spec = {"name": name, "cgroup": path, "cpus": sim.rng.choice((1, 2, 4, "500m"))}
     admitted = sim.admit({**spec, "transient": True})
@@ -236,13 +245,10 @@ def _admit_beside(sim: Simulation) -> None:
     """An exclusive workload: once cgroup writes succeed again, a pass writes its
     grant, unless some other cgroup may still run on its CPUs (never because of
     what the unreadable one cannot run on)."""
-    free = [n for n in NAMES if n not in sim.daemon.specs]
-    if not free:
+    name = _new_cgroup(sim)
+    if name is None:
         return
-    name = sim.rng.choice(free)
     path = f"numad.slice/{name}"
-    scratch_mkdir(sim.cgroups, path)
-    sim.removed.discard(name)
     if not sim.admit({"name": name, "cgroup": path, "cpus": sim.rng.choice((1, 2, 4))}):
         return
     sim.reconcile_pass()
