@@ -102,7 +102,7 @@ class Explanation:
     def _decision(self) -> str:
         if self.failure:  # never "admitted": the merge's answer did not hold
             return f"rejected: {plain(self.failure)} (policy {self.policy})"
-        where = "any NUMA node" if self.affinity is None else nodes_text(self.affinity)
+        where = "any node" if self.affinity is None else nodes_text(self.affinity)
         if self.admitted:
             quality = "preferred" if self.preferred else "not preferred"
             return f"admitted on {where} ({quality}, policy {self.policy})"

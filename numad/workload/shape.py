@@ -68,12 +68,13 @@ class WorkloadSpec:
         )
 
     def notes(self) -> list[str]:
-        """What the spec asks for that a reader may not expect: a fractional or
-        millicpu request runs on the shared pool, not on exclusive CPUs."""
+        """What the spec asks for that a reader may not expect: a request of one CPU or
+        more that is fractional or in millicpus runs on the shared pool, not on
+        exclusive CPUs (one below a CPU, "500m", plainly asks for the pool)."""
         out = []
         for c in self.containers:
             m = c.shared_millicpus
-            if not m:
+            if m < 1000:
                 continue
             who = f"{self.name}/{c.name}" if len(self.containers) > 1 else self.name
             if m % 1000:

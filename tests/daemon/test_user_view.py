@@ -176,7 +176,8 @@ def test_a_request_that_runs_on_the_shared_pool_says_so(
     assert said.endswith("it runs on the shared pool, not on CPUs of its own")
     answer = {**outcome_json(daemon.plan(spec)), "notes": spec.notes()}
     assert f"  note: {said}" in textout.plan("x", answer)
-    assert _spec(daemon, {"name": "y", "cgroup": "numad.slice/y", "cpus": 3}).notes() == []
+    for plain in (3, "500m", 0.5):  # exclusive, or plainly the pool: nothing to say
+        assert _spec(daemon, {"name": "y", "cgroup": "numad.slice/y", "cpus": plain}).notes() == []
 
 
 # -- 3. the cgroup's state ------------------------------------------------------------------
