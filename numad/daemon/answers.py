@@ -13,24 +13,24 @@ def explained_json(outcome: Outcome) -> dict[str, Any]:
     """The outcome explained: ``explanation`` the whole text ("; " between parts),
     ``conflict`` the decisive merge's, ``explained`` each decided container's parts."""
     explained = outcome.explained()
-    why = outcome.explanation
-    if len(explained) == 1:
-        text = explained[0][1].text()
+    why = outcome.decisive(explained)
+    parts = {name: each.parts() for name, each in explained}
+    if len(explained) <= 1:
+        text = "; ".join(part for each in parts.values() for part in each)  # Explanation.text
     else:
-        parts = [
+        whole = [
             f"admitted: {len(explained)} containers"
             if outcome.admitted
             else f"rejected: container {outcome.failed_container} cannot be placed"
         ]
-        for name, each in explained:
-            first, *rest = each.parts()
-            parts += [f"{name}: {first}", *rest]
-        text = "; ".join(parts) if explained else ""
+        for name, (first, *rest) in parts.items():
+            whole += [f"{name}: {first}", *rest]
+        text = "; ".join(whole)
     return {
         "explanation": text or None,
         "conflict": [] if why is None else list(why.conflict),
         "explained": [
-            {"container": name, "parts": list(each.parts()), "conflict": list(each.conflict)}
+            {"container": name, "parts": list(parts[name]), "conflict": list(each.conflict)}
             for name, each in explained
         ],
     }

@@ -74,7 +74,7 @@ class Views:
             if name in held.unplaced:
                 return {"explanation": f"unplaced: {held.unplaced[name]}", "conflict": []}
             outcome = held.outcomes.get(name)
-            if outcome is None or outcome.explanation is None:
+            if outcome is None or not outcome.decisions:  # nothing decided: no explanation
                 return {
                     "explanation": "restored from the checkpoint; placed before this start",
                     "conflict": [],

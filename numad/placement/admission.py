@@ -89,13 +89,15 @@ class Outcome:
     def explanation(self) -> Explanation | None:
         """The explanation of the decisive merge (the rejected one, else the last); an
         allocation that failed after the merge admitted makes it a rejection."""
-        explained = self.explained()
-        if not explained:
-            return None
+        return self.decisive(self.explained())
+
+    def decisive(self, explained: tuple[tuple[str, Explanation], ...]) -> Explanation | None:
+        """Of ``explained`` (this outcome's ``explained()``), the rejected container's,
+        else the last; None when nothing was decided."""
         for name, why in explained:
             if name == self.failed_container:
                 return why
-        return explained[-1][1]
+        return explained[-1][1] if explained else None
 
     def explained(self) -> tuple[tuple[str, Explanation], ...]:
         """Each decided container's explanation, in decision order (by pod scope one:
