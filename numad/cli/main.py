@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     try:
-        args = _parse(_parser(), argv)
+        args = _parse(parser(), argv)
         command: _Command = args.command
         status = command(args)
     except SystemExit as done:  # --help, or a usage error already printed
@@ -142,8 +142,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"numad: {command + ': ' if command else ''}{message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+def parser() -> argparse.ArgumentParser:
+    """numad's command line; scripts/package makes numad(8) and its completion from it."""
+    top = _Parser(
         prog="numad",
         description="A NUMA resource manager for Linux hosts.",
         epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run)."
@@ -151,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
         " prints the NUMA nodes that best fit a guest of NCPUS vCPUs and MB MiB (advice:"
         " nothing is admitted).",
     )
-    parser.add_argument("--version", action="version", version=f"numad {__version__}")
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    top.add_argument("--version", action="version", version=f"numad {__version__}")
+    sub = top.add_subparsers(title="commands", metavar="COMMAND")
     _add_topology(sub)
     _add_record(sub)
     add_commands(sub)
@@ -160,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     add_oci_hook(sub)
     for command in sub.choices.values():  # an unknown option is reported with its command
         command.set_defaults(usage_error=command.error)
-    return parser
+    return top
 
 
 # argparse names the type of add_subparsers() only privately, and it is generic
