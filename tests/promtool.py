@@ -17,11 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.debian import no_services_started
+
 PACKAGE = "prometheus"
 SERVICE = "prometheus"
 # invoke-rc.d asks this program before it starts a service; 101 means "not now".
-POLICY_RC = Path("/usr/sbin/policy-rc.d")
-DENY_ALL = "#!/bin/sh\n# numad's tests: no service starts while their tools install\nexit 101\n"
 
 
 def promtool() -> str | None:
@@ -34,16 +34,9 @@ def install() -> None:
     if promtool() is not None:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    own_policy = not POLICY_RC.exists()
-    if own_policy:
-        POLICY_RC.write_text(DENY_ALL)
-        POLICY_RC.chmod(0o755)
-    try:
+    with no_services_started():
         _run(["apt-get", "update", "-qq"], env)
         _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", PACKAGE], env)
-    finally:
-        if own_policy:
-            POLICY_RC.unlink()
     quiet_service()
     running = subprocess.run(["pgrep", "-x", SERVICE], capture_output=True, check=False)
     if running.returncode == 0:

@@ -46,24 +46,31 @@ from pathlib import Path
 
 import zstandard
 
+from tests.debian import no_services_started
+
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parent.parent
-PACKAGES = ("qemu-system-x86", "busybox-static", "runc")
+PACKAGES = ("qemu-system-x86", "busybox-static", "runc", "podman", "crun")
 QEMU = "qemu-system-x86_64"
 RUNC = "runc"  # the OCI runtime the guest runs a container with (tests/vm/guest/oci.py)
 BUSYBOX = Path("/bin/busybox")
 # The Debian meta-packages that name each kernel line's current image package.
 KERNELS = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}
 # 9p over virtio-PCI; virtio_pci is built in on 6.12, fscache is folded into netfs there.
-WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+# overlay: the systemd guest's writable /usr, /etc and dpkg database, where it installs
+# numad's package (init-systemd.sh).
+WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 MODULE_DIRS = (
     "kernel/drivers/virtio/",
     "kernel/net/9p/",
     "kernel/fs/9p/",
     "kernel/fs/netfs/",
     "kernel/fs/fscache/",
+    "kernel/fs/overlayfs/",
 )
+PODMAN = "podman"  # with crun: the container engine of the systemd guest's podman check
 VM_TIMEOUT = 300.0
+DPKG_DATABASE = Path("/var/lib/dpkg")
 
 
 class VMError(RuntimeError):
@@ -80,8 +87,9 @@ def missing_tools() -> list[str]:
         missing.append("qemu-system-x86")
     if not BUSYBOX.is_file() or _dynamic(BUSYBOX):
         missing.append("busybox-static")
-    if shutil.which(RUNC, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin") is None:
-        missing.append("runc")
+    for tool in (RUNC, PODMAN, "crun"):
+        if shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin") is None:
+            missing.append(tool)
     return missing
 
 
@@ -92,13 +100,15 @@ def _dynamic(path: Path) -> bool:
 
 
 def install_tools() -> None:
-    """Install the missing packages from Debian (root only)."""
+    """Install the missing packages from Debian (root only), no service started (podman
+    ships units: the host needs the programs, not their services)."""
     missing = missing_tools()
     if not missing:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-qq"], env=env)
-    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+    with no_services_started():
+        _run(["apt-get", "update", "-qq"], env=env)
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
 
 
 def accelerator() -> str:
@@ -150,10 +160,16 @@ def kernel(line: str) -> Kernel:
     package = image_package(KERNELS[line])
     dest = cache_dir() / package
     with _locked(cache_dir() / ".lock"):
-        if not (dest / "complete").is_file():
-            _unpack_kernel(package, dest)
+        complete = dest / "complete"
+        if not complete.is_file() or complete.read_text() != _recipe(package):
+            _unpack_kernel(package, dest)  # new, or cached with other modules
     order = (dest / "modules.load").read_text().split()
     return Kernel(line, package, dest / "vmlinux", tuple(dest / f"{m}.ko" for m in order))
+
+
+def _recipe(package: str) -> str:
+    """What a cached kernel was unpacked with: the package and the modules wanted."""
+    return f"{package}\n{' '.join(WANTED_MODULES)}\n"
 
 
 def image_package(meta: str) -> str:
@@ -181,7 +197,7 @@ def _unpack_kernel(package: str, dest: Path) -> None:
         work.mkdir(parents=True)
         modules = _extract(debs[0], work)
     (work / "modules.load").write_text("\n".join(_load_order(modules)) + "\n")
-    (work / "complete").write_text(package + "\n")
+    (work / "complete").write_text(_recipe(package))
     shutil.rmtree(dest, ignore_errors=True)
     work.rename(dest)
 
@@ -322,6 +338,8 @@ class Result:
 def shares() -> list[Path]:
     """The host folders the guest sees read-only at the same paths."""
     wanted = [Path("/usr"), Path("/etc"), PROJECT]
+    if DPKG_DATABASE.is_dir():  # the systemd guest installs numad's package over it
+        wanted.append(DPKG_DATABASE)
     for prefix in (sys.base_prefix, sys.prefix):
         path = Path(prefix).resolve()
         if not any(path.is_relative_to(w) for w in wanted):

@@ -3,15 +3,15 @@
 # systemd as PID 1. Written by tests/vm/harness.py (init=) into the initramfs.
 #
 # cgroup2 is left to systemd (it mounts /sys/fs/cgroup itself, as on a host). The
-# units come from the host in /vmctl/units (numad's own unit and slice, its VM
-# drop-in, the target and the unit that runs the checks) and go to /run/systemd/system,
-# the runtime unit folder: the guest's /etc is the host's, read-only. The kernel
-# command line names the target (systemd.unit=); the checks' unit powers off.
+# test's units come from the host in /vmctl/units (the target and the unit that runs
+# the checks) and go to /run/systemd/system, the runtime unit folder; numad's own unit
+# and slice come with its package, which the checks install. The kernel command line
+# names the target (systemd.unit=); the checks' unit powers off.
 /.vm/busybox mkdir -p /.vm/bin
 /.vm/busybox --install -s /.vm/bin
 export PATH=/.vm/bin
 set -e
-mkdir -p /proc /sys /dev /tmp /run /var/tmp /var/lib /var/log /root /vmctl
+mkdir -p /proc /sys /dev /tmp /run /var/tmp /var/lib /var/log /root /vmctl /.vm/overlay
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -25,6 +25,19 @@ while read -r tag dir; do
     mkdir -p "$dir"
     mount -t 9p -o "$opts,cache=loose,ro" "$tag" "$dir"
 done < /vmctl/shares
+# numad comes as its Debian package (dpkg -i in the checks), as on a real host: /usr,
+# /etc and the dpkg database are the host's, read-only, each under a writable overlay
+# in guest memory; the host's folders are never written.
+mount -t tmpfs -o mode=0755 tmpfs /.vm/overlay
+for d in /usr /etc /var/lib/dpkg; do
+    [ -d "$d" ] || continue
+    o="/.vm/overlay/$(echo "$d" | tr / _)"
+    mkdir -p "$o/upper" "$o/work"
+    mount -t overlay overlay -o "lowerdir=$d,upperdir=$o/upper,workdir=$o/work" "$d"
+done
+# A container image's policy-rc.d (exit 101: start no service), which a real host
+# lacks: the package's maintainer scripts start numad here, as they would there.
+rm -f /usr/sbin/policy-rc.d
 # The host is usr-merged: its /usr brings bash, the loader and the libraries.
 for d in bin sbin lib lib64; do [ -e "/usr/$d" ] && ln -s "usr/$d" "/$d"; done
 # D-Bus clients (and jeepney) look for the system bus under /var/run; a distribution
@@ -51,6 +64,7 @@ for unit in \
     systemd-tmpfiles-setup.service systemd-tmpfiles-clean.timer \
     systemd-update-utmp.service systemd-initctl.socket \
     systemd-journald-audit.socket systemd-pstore.service systemd-timesyncd.service \
+    podman.socket podman.service \
     cryptsetup.target integritysetup.target veritysetup.target timers.target \
     modprobe@configfs.service modprobe@dm_mod.service modprobe@drm.service \
     modprobe@efi_pstore.service modprobe@fuse.service modprobe@loop.service; do
