@@ -50,6 +50,9 @@ class Metrics:
         r = self.registry
         self.build_info = Gauge("numad_build_info", "numad's version.", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
+        # What GET /v1/health answers (200 or 503), for alerts: wired to the daemon by
+        # numad.daemon.service.build, read at each scrape; 0 where nothing wired it.
+        self.ready = Gauge("numad_ready", "1 while numad is ready, else 0.", registry=r)
         self.admission_requests = Counter(
             "numad_topology_manager_admission_requests", "Admissions handled.", registry=r
         )

@@ -66,7 +66,7 @@ def build(config: Config, root: str | None) -> Daemon:
         daemon = Daemon(config, fs, cgroups, state_dir, log, systemd=systemd)
         if systemd is not None:  # how fast systemd answers, scraped
             systemd.observe = lambda m, s: daemon.metrics.systemd_reply.labels(m).observe(s)
-        return daemon
+        return _scraped(daemon)
     base = Path(root).resolve()
     fs = HostFS(base)
     cgroup_root = base / config.paths.cgroup_root.lstrip("/")
@@ -82,7 +82,13 @@ def build(config: Config, root: str | None) -> Daemon:
         socket=str(base / config.paths.socket.lstrip("/")),
         workloads_dir=str(base / config.paths.workloads_dir.lstrip("/")),
     )
-    return Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log)
+    return _scraped(Daemon(replace(config, paths=paths), fs, cgroups, Path(paths.state_dir), log))
+
+
+def _scraped(daemon: Daemon) -> Daemon:
+    """``daemon`` with its readiness exported as numad_ready, read at each scrape."""
+    daemon.metrics.ready.set_function(lambda: daemon.ready)
+    return daemon
 
 
 def serve(args: argparse.Namespace) -> int:
