@@ -1,0 +1,1 @@
+"""The Debian package (scripts/package): built once per session, then inspected."""
