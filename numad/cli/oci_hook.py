@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from numad import defaults
-from numad.cli import textout
+from numad.cli import journal, textout
 from numad.cli.client import APIError, request
 from numad.errors import CgroupError, ConfigError, NumadError, SpecError, WorkloadError
 from numad.hostfs import HostFS, read_regular
@@ -38,6 +38,7 @@ from numad.workload.quantity import is_whole, quantity
 from numad.workload.units import slice_cgroup
 
 PREFIX = "numad.io/"
+JOURNAL_ID = "numad-oci-hook"  # journalctl -t numad-oci-hook
 KEYS = ("cpus", "memory", "devices", "policy", "on-reject")
 FAIL, RUN = "fail", "run"
 CREATE_STAGES = ("createRuntime", "prestart")  # both run in the runtime's namespaces
@@ -123,6 +124,7 @@ def add_oci_hook(sub: Any) -> None:
 
 
 def _hook(args: argparse.Namespace) -> int:
+    _Journal.socket = Path(args.root) / journal.SOCKET.relative_to("/")
     try:
         container = read_container(sys.stdin.read(_MAX_STATE + 1))
     except NumadError as err:  # no container to name yet: the hook's own choice applies
@@ -322,7 +324,7 @@ def _from_cgroups_path(path: str) -> str:
 def admit(container: Container, socket: str, fs: HostFS) -> int:
     wanted = workload_request(container)
     if isinstance(wanted, str):
-        print(f"numad: {container.subject}: not placed: {wanted}", file=sys.stderr)
+        say(f"numad: {container.subject}: not placed: {wanted}")
         return 0
     name = container.workload
     # transient: released by the daemon once its cgroup stays empty, if poststop never runs
@@ -338,10 +340,7 @@ def admit(container: Container, socket: str, fs: HostFS) -> int:
         _release_stale(name, spec["cgroup"], socket)  # a restart that missed its poststop
         placed = request(socket, "POST", "/v1/workloads", body)
     main: dict[str, Any] = next(iter(placed.get("containers", {}).values()), {})
-    print(
-        f"numad: {container.subject}: admitted as {name}: {textout.placement(main)}",
-        file=sys.stderr,
-    )
+    say(f"numad: {container.subject}: admitted as {name}: {textout.placement(main)}")
     return 0
 
 
@@ -367,7 +366,7 @@ def release(container: Container, socket: str) -> int:
     One of the same name on another cgroup is left alone."""
     name = container.workload
     if not os.path.exists(socket):
-        print(f"numad: {container.subject}: not released: {socket} is absent", file=sys.stderr)
+        say(f"numad: {container.subject}: not released: {socket} is absent", journal.ERR)
         return 0
     try:
         held = request(socket, "GET", f"/v1/workloads/{name}").get("cgroup")
@@ -375,14 +374,14 @@ def release(container: Container, socket: str) -> int:
         expected = _from_cgroups_path(path) if isinstance(path, str) and path else held
         if held != expected:
             left = f"{name} is on cgroup {held}, not {expected}; left in place"
-            print(f"numad: {container.subject}: {left}", file=sys.stderr)
+            say(f"numad: {container.subject}: {left}")
             return 0
         request(socket, "DELETE", f"/v1/workloads/{name}")
     except APIError as err:
         if err.status == 404:
             return 0
         raise
-    print(f"numad: {container.subject}: released {name}", file=sys.stderr)
+    say(f"numad: {container.subject}: released {name}")
     return 0
 
 
@@ -390,14 +389,25 @@ def refuse(subject: str, mode: str, reason: str) -> int:
     """A container numad cannot place: one line, then fail its start or let it run."""
     reason = _one_line(reason)
     if mode == RUN:
-        print(f"numad: {subject}: not placed: {reason}; running it unplaced", file=sys.stderr)
+        say(f"numad: {subject}: not placed: {reason}; running it unplaced", journal.ERR)
         return 0
-    print(
+    say(
         f"numad: {subject}: not placed: {reason}; failing its start"
         f" ({PREFIX}on-reject=run starts it unplaced)",
-        file=sys.stderr,
+        journal.ERR,
     )
     return 1
+
+
+class _Journal:
+    socket = journal.SOCKET  # the one under --root (a scratch tree's, in tests)
+
+
+def say(line: str, priority: int = journal.INFO) -> None:
+    """One line on stderr (runc shows it in its error) and in the journal (crun drops
+    a hook's output: numad.cli.journal)."""
+    print(line, file=sys.stderr)
+    journal.send(JOURNAL_ID, line, priority, _Journal.socket)
 
 
 def _one_line(text: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from numad.cli import journal
 from numad.cli.demo import CONFIG, MACHINE
 from numad.cli.oci_hook import Container, _from_cgroups_path, _from_proc, read_container
 from numad.cpuset import CPUSet
@@ -284,6 +286,39 @@ def test_a_rejected_container_fails_with_one_line(numad: Numad, tmp_path: Path) 
     assert done.returncode == 1
     _one_line(done, "container huge", "rejected", "failing its start", "on-reject=run")
     assert ctr.workload() is None
+
+
+def test_the_hooks_lines_reach_the_journal(numad: Numad, tmp_path: Path) -> None:
+    # crun drops a hook's stderr (podman's default runtime; tests/vm/guest/podman.py):
+    # the lines also go to the journal, here a socket standing in for journald's.
+    path = numad.root / "run/systemd/journal/socket"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journald:
+        journald.bind(str(path))
+        journald.settimeout(30)
+        try:
+            ctr = Bundle(numad, tmp_path, "huge-journal")
+            ctr.config["annotations"] = {"numad.io/cpus": "20"}
+            ctr.start()
+            done = ctr.hook()
+            fields = dict(line.split("=", 1) for line in journald.recv(65536).decode().splitlines())
+        finally:
+            path.unlink()
+    assert done.returncode == 1
+    assert fields["MESSAGE"] == done.stderr.strip()  # the same one line
+    assert fields["SYSLOG_IDENTIFIER"] == "numad-oci-hook"
+    assert fields["PRIORITY"] == "3"  # err
+
+
+def test_a_journal_that_takes_nothing_holds_no_container(tmp_path: Path) -> None:
+    # A bound socket nobody reads: its buffer fills, and a line is lost, not waited on.
+    path = tmp_path / "socket"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journald:
+        journald.bind(str(path))
+        sent = [journal.send("numad-test", "x" * 4000, journal.INFO, path) for _ in range(2000)]
+    assert sent[0]
+    assert not all(sent)  # some were lost once the buffer was full; none blocked
+    assert not journal.send("numad-test", "nobody", journal.INFO, tmp_path / "absent")
 
 
 @pytest.mark.parametrize(
