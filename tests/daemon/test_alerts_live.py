@@ -262,7 +262,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_rule(
     rules = alert_rules()
     # The first scrape waits for the scrape manager's first target sync (a 5 s tick);
     # the rest of the wait scales with this host's pace, as the server's start showed it.
-    budget = 2 * (TARGET_SYNC + SCRAPES * SCRAPE_SECONDS) + 20 * start
+    budget = 3 * (TARGET_SYNC + SCRAPES * SCRAPE_SECONDS) + 20 * start
     figures = _wait(
         f"{SCRAPES} scrapes and {len(rules)} rules evaluated within {budget:.0f} s",
         lambda: _scraped(server, len(rules)),
