@@ -53,7 +53,7 @@ from tests.fake_daemon import Answers, FakeDaemon
 Capture = pytest.CaptureFixture[str]
 MACHINE = "32intel64-2p8co2t+8ve"
 COMMANDS = sorted(
-    next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
 )
 
 
@@ -181,7 +181,7 @@ def test_an_unknown_option_shows_the_commands_own_usage(capsys: Capture, command
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_has_help_and_sockets_say_their_default(capsys: Capture, command: str) -> None:
     parser = next(
-        a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)
+        a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)
     ).choices[command]
     assert parser.description, command
     for action in parser._actions:
