@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 
 from tests.debian import no_services_started
-from tests.promtool import _run
 
 # command -> the Debian package that brings it
 TOOLS = {
@@ -48,6 +48,12 @@ def install() -> None:
     with no_services_started():
         _run(["apt-get", "update", "-qq"], env)
         _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], env)
+
+
+def _run(argv: list[str], env: dict[str, str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
 
 
 def main(argv: list[str] | None = None) -> int:
