@@ -1,15 +1,18 @@
-"""In-guest checks: numad as its real unit, under the host's own systemd as PID 1.
+"""In-guest checks: numad installed from its Debian package and run as its real unit,
+under the host's own systemd as PID 1.
 
 Run by tests/vm/test_systemd_vm.py inside a QEMU VM booted with init-systemd.sh
 (``VMTEST=1``), from the unit numad-vm-checks.service; never collected on the host.
-numad runs as systemd/numad.service with systemd/numad.slice, unmodified, plus the
-VM's drop-in numad.service.d/vm.conf (written by the host: the venv's numad with the
-config below, and the one hardening change the venv needs; the drop-in says why).
+numad comes from ``dpkg -i`` of the package ``scripts/package`` built (its path in
+/vmctl/deb): its maintainer scripts enable and start numad.service with the shipped
+/etc/numad/numad.toml, as on a host; the checks then write their own config there, as
+an operator edits it, and numad runs as the package's unit, unmodified, with no drop-in.
 
 The checks run in file order in one boot and build on each other, as a host would:
-start, reload with a declared workload, the hardened daemon's writes, the watchdog
-restarting a hung daemon, stop. The helpers of the first section (``systemctl``,
-``show``, ``run_transient``, ``journal``, ``wait_for``) are for further checks too.
+install, start, reload with a declared workload, the hardened daemon's writes, podman
+containers (one boot), the watchdog restarting a hung daemon, stop. The helpers of the
+first section (``systemctl``, ``show``, ``run_transient``, ``journal``, ``wait_for``)
+are for further checks too.
 """
 
 from __future__ import annotations
@@ -36,14 +39,16 @@ from numad.errors import NumadError
 pytestmark = pytest.mark.skipif(not os.environ.get("VMTEST"), reason="runs only inside the VM")
 
 UNIT = "numad.service"
-# Where the drop-in's ExecStart= looks for the config (tests/vm/test_systemd_vm.py).
-CONFIG_DIR = Path("/run/numad-vm")
+# The package's conffile, which the checks rewrite as an operator would.
+CONFIG_DIR = Path("/etc/numad")
+DEB = Path("/vmctl/deb")  # holds the package's path (a read-only share of the host's)
+PODMAN = Path("/vmctl/podman")  # present in the one boot that runs podman's checks
 WORKLOADS = CONFIG_DIR / "workloads.d"
 # The unit's own directories: RuntimeDirectory=numad, StateDirectory=numad.
 SOCKET = "/run/numad/numad.sock"
 STATE = Path("/var/lib/numad")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-NUMAD = [str(Path(sys.executable).parent / "numad")]
+NUMAD = ["/usr/bin/numad"]  # the package's
 KERNEL = os.environ.get("VMTEST_KERNEL", "")  # "6.1", "6.12"
 # How much slower the host was than a quiet one when it booted this VM (tests/vm/pace.py):
 # every wait below stretches by it.
@@ -200,12 +205,38 @@ def declare(name: str, cgroup: str, **fields: Any) -> Path:
     return spec
 
 
+INSTALLED: dict[str, str] = {}  # what dpkg -i did, for the first check
+
+
 @pytest.fixture(scope="module", autouse=True)
 def guest_config() -> Iterator[None]:
+    install_package()
     WORKLOADS.mkdir(parents=True, exist_ok=True)
     (CONFIG_DIR / "numad.toml").write_text(CONFIG)
     yield
     print(journal(UNIT)[-6000:])
+
+
+def install_package() -> None:
+    """``dpkg -i`` the package, note what the install left running, then stop numad
+    (the checks start it with their config)."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["dpkg", "-i", DEB.read_text().strip()],
+        capture_output=True,
+        text=True,
+        timeout=5 * WAIT,
+        check=False,
+    )
+    INSTALLED.update(
+        rc=str(proc.returncode),
+        output=proc.stdout + proc.stderr,
+        seconds=f"{time.monotonic() - started:.1f}",
+        active=systemctl("is-active", UNIT, check=False),
+        enabled=systemctl("is-enabled", UNIT, check=False),
+        ready=str(answers()),
+    )
+    systemctl("stop", UNIT, check=False)
 
 
 # -- the checks ---------------------------------------------------------------------------
@@ -217,12 +248,32 @@ WORKLOAD_CGROUP = f"numad.slice/{WORKLOAD}.service"
 PLACED: dict[str, str] = {}  # what numad decided for it: cpus, mems
 
 
+def test_the_package_installs_enables_and_starts_numad() -> None:
+    assert INSTALLED["rc"] == "0", INSTALLED["output"]
+    figure(check="dpkg -i", seconds=float(INSTALLED["seconds"]))
+    # Its maintainer scripts enabled and started it, with the shipped config.
+    assert INSTALLED["enabled"] == "enabled", INSTALLED
+    assert INSTALLED["active"] == "active", INSTALLED
+    assert INSTALLED["ready"] == "True", INSTALLED
+    status = subprocess.run(["dpkg", "-s", "numad"], capture_output=True, text=True, check=True)
+    assert "Status: install ok installed" in status.stdout, status.stdout
+    assert Path("/usr/bin/numad").resolve().is_relative_to("/usr/lib/numad")
+    assert "node 0" in numad_cli("topology")  # the package's own Python environment runs
+    shipped = {
+        "/usr/share/man/man8/numad.8.gz",
+        "/usr/share/bash-completion/completions/numad",
+        "/usr/share/containers/oci/hooks.d/numad.json",
+    }
+    assert {p for p in shipped if not Path(p).is_file()} == set()
+
+
 def test_start_returns_once_numad_is_ready() -> None:
     loaded = show(UNIT, "FragmentPath", "DropInPaths", "ExecStart")
-    fragment = Path(loaded["FragmentPath"])  # the project's unit, byte for byte
+    fragment = Path(loaded["FragmentPath"])  # the package's unit: the project's, byte for byte
     assert fragment.read_bytes() == Path("systemd", fragment.name).read_bytes(), loaded
-    assert loaded["DropInPaths"].endswith("numad.service.d/vm.conf"), loaded
-    assert str(CONFIG_DIR / "numad.toml") in loaded["ExecStart"], loaded
+    assert fragment.parent in (Path("/lib/systemd/system"), Path("/usr/lib/systemd/system"))
+    assert loaded["DropInPaths"] == "", loaded  # nothing changed for the VM
+    assert "path=/usr/bin/numad" in loaded["ExecStart"], loaded
     systemctl("start", UNIT)  # Type=notify: returns on READY=1
     # No waiting from here on: READY=1 promised a listening, ready API.
     assert systemctl("is-active", UNIT, check=False) == "active"
@@ -574,6 +625,89 @@ def test_a_unit_admitted_by_name_is_followed_across_restart_stop_and_start() -> 
     wait_for(lambda: unit_allowed(DB_UNIT)[0] == shared, "the released unit on the shared pool")
     systemctl("stop", DB_UNIT)
     wait_for(lambda: unit_allowed(DB_UNIT) == (CPUSet(), NodeSet()), "its settings reset")
+
+
+# -- containers started with podman, numad's hook loaded from the package (one boot) -------
+
+
+def _podman() -> Any:
+    if not PODMAN.exists():
+        pytest.skip("podman runs in one boot only (tests/vm/test_systemd_vm.py PODMAN_CASE)")
+    from tests.vm.guest import podman  # noqa: PLC0415 - only in the boot that runs podman
+
+    return podman
+
+
+def _held_by(cgroup_part: str) -> dict[str, Any] | None:
+    found = [w for w in workloads().values() if cgroup_part in w["cgroup"]]
+    return found[0] if found else None
+
+
+def test_a_podman_container_runs_on_exactly_numads_cpus_and_is_released() -> None:
+    podman = _podman()
+    assert (podman.HOOKS_DIR / "numad.json").is_file()  # where the package put it
+    work = Path("/run/numad-vmtest/podman")
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    podman.image(work, timeout=WAIT)
+    argv = podman.run_argv("vmpod", {"numad.io/cpus": "2"}, detach=True)
+    cid = podman.podman(*argv, timeout=WAIT).stdout.strip()
+    scope = f"libpod-{cid}.scope"
+
+    def logged() -> str:
+        return str(podman.podman("logs", "vmpod", timeout=WAIT).stdout)
+
+    wait_for(lambda: "Cpus_allowed_list" in logged(), "the container's first line")
+    held = _held_by(scope)  # while it runs
+    assert held is not None, workloads()
+    seen = CPUSet.parse_list(logged().split(":", 1)[1].strip())
+    decided = CPUSet.parse_list(held["containers"]["main"]["cpus"])
+    assert len(decided) == 2
+    assert seen == decided  # what the container's process may run on: numad's CPUs
+    # From the process's cgroup: crun on cgroup v2 runs it in a "container" subgroup of
+    # the scope systemd made for it.
+    assert held["cgroup"] == f"numad.slice/{scope}/container", held
+    podman.podman("exec", "vmpod", "touch", "/done", timeout=WAIT)
+    assert podman.podman("wait", "vmpod", timeout=WAIT).stdout.strip() == "0"
+    wait_for(lambda: _held_by(scope) is None, "the poststop hook to release it")
+    podman.podman("rm", "vmpod", timeout=WAIT)
+    figure(
+        check="podman",
+        podman=podman.version(WAIT),
+        decided=decided.format_list(),
+        cpus_allowed_list=seen.format_list(),
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
+def test_a_podman_container_numad_rejects_fails_with_numads_reason() -> None:
+    podman = _podman()
+    seen = {}
+    for runtime in ("crun", "runc"):
+        argv = podman.run_argv("vmhuge", {"numad.io/cpus": "64"}, detach=False, runtime=runtime)
+        done = podman.podman(*argv, timeout=WAIT, check=False)
+        seen[runtime] = done.stderr.strip()
+        assert done.returncode != 0, done.stdout
+        assert "Cpus_allowed_list" not in done.stdout  # its process never ran
+        assert "Traceback" not in done.stderr
+        assert _held_by("numad.slice/libpod-") is None
+        podman.podman("rm", "--force", "vmhuge", timeout=WAIT, check=False)
+    figure(check="podman rejection", **seen)
+    # runc carries the hook's line in its error; crun (podman's default) drops a hook's
+    # output and names only the hook, so the hook's line is also in the journal.
+    assert "numad: container " in seen["runc"], seen
+    assert "not placed:" in seen["runc"], seen
+    assert "rejected" in seen["runc"], seen
+    assert "error executing hook `/usr/bin/numad`" in seen["crun"], seen
+    logged = subprocess.run(
+        ["journalctl", "--no-pager", "-b", "-o", "cat", "-t", "numad-oci-hook"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    refused = [line for line in logged.splitlines() if "not placed:" in line]
+    assert len(refused) == 2, logged  # one per runtime, each one line
+    assert all("rejected" in line and "failing its start" in line for line in refused), logged
 
 
 def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
