@@ -110,7 +110,8 @@ def test_control_fields(control: Path) -> None:
     depends = next(line for line in fields.splitlines() if line.startswith("Depends:"))
     for needed in ("python3 (>= 3.11)", "python3 (<< 3.12)", "libc6 (>= "):
         assert needed in depends
-    assert f"\nVersion: {version()}\n" in fields
+    # Epoch 1 (scripts/package): above Debian's own package of the name, Red Hat's numad.
+    assert f"\nVersion: 1:{version()}\n" in fields
     assert (control / "conffiles").read_text().split() == ["/etc/numad/numad.toml"]
 
 
