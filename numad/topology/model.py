@@ -100,6 +100,10 @@ class PciDevice:
     pci_class: str | None = None
     driver: str | None = None
     local_cpus: CPUSet | None = None
+    # Its place in the PCIe tree, from the top: the host bridge (``pci0000:17``),
+    # the root port, then any switch ports above it (``numad.topology.pcie``);
+    # empty where sysfs does not show the tree.
+    path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
