@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests import debian
+
 PACKAGE = "chromium"
 COMMAND_SECONDS = 30.0  # one DevTools command; a page load is one command
 
@@ -40,16 +42,10 @@ def install() -> None:
     """Install Debian's chromium where it is missing (root only)."""
     if chromium() is not None:
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", PACKAGE],
-    ):
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=env, timeout=900, check=False
-        )
-        if done.returncode != 0:
-            raise BrowserError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+    try:
+        debian.install([PACKAGE], timeout=900)
+    except debian.InstallError as err:
+        raise BrowserError(str(err)) from err
 
 
 class Browser:

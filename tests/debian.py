@@ -1,5 +1,8 @@
 """Debian packages the test tools need, installed with no service started.
 
+``install`` is the one way the ``--prepare`` steps (scripts/check, as root) install
+them: the package lists refreshed, no recommends, no prompt, no service started.
+
 Debian's maintainer scripts start a package's services at once unless
 ``/usr/sbin/policy-rc.d`` says no (exit 101). The tests need programs (promtool,
 podman, lintian), never their services on the host: while ``no_services_started`` is
@@ -9,7 +12,9 @@ image that ships one).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,3 +34,23 @@ def no_services_started() -> Iterator[None]:
     finally:
         if own_policy:
             POLICY_RC.unlink()
+
+
+class InstallError(RuntimeError):
+    """apt-get failed; the message has its command, status and stderr."""
+
+
+def install(packages: Sequence[str], timeout: float = 1800) -> None:
+    """``apt-get install`` the ``packages`` (root only), no service started."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    with no_services_started():
+        for argv in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+        ):
+            done = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=timeout, check=False
+            )
+            if done.returncode != 0:
+                problem = f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}"
+                raise InstallError(problem)

@@ -11,13 +11,12 @@ binary, the host needs no new daemon.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.debian import no_services_started
+from tests import debian
 
 PACKAGE = "prometheus"
 SERVICE = "prometheus"
@@ -33,10 +32,7 @@ def install() -> None:
     """Install Debian's ``prometheus`` where promtool is missing (root only)."""
     if promtool() is not None:
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with no_services_started():
-        _run(["apt-get", "update", "-qq"], env)
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", PACKAGE], env)
+    debian.install([PACKAGE])
     quiet_service()
     running = subprocess.run(["pgrep", "-x", SERVICE], capture_output=True, check=False)
     if running.returncode == 0:
@@ -64,12 +60,6 @@ def quiet_service() -> None:
             capture_output=True,
             check=False,
         )
-
-
-def _run(argv: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 
-from tests.debian import no_services_started
+from tests import debian
 
 # command -> the Debian package that brings it
 TOOLS = {
@@ -44,16 +43,7 @@ def install() -> None:
     if not absent:
         return
     packages = sorted({TOOLS.get(command, command) for command in absent})
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with no_services_started():
-        _run(["apt-get", "update", "-qq"], env)
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], env)
-
-
-def _run(argv: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")
+    debian.install(packages)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import zstandard
 
-from tests.debian import no_services_started
+from tests import debian
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parent.parent
@@ -105,10 +105,7 @@ def install_tools() -> None:
     missing = missing_tools()
     if not missing:
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with no_services_started():
-        _run(["apt-get", "update", "-qq"], env=env)
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+    debian.install(missing)
 
 
 def accelerator() -> str:
