@@ -17,6 +17,9 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
+
+import pytest
 
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 DENY_ALL = "#!/bin/sh\n# numad's tests: no service starts while their tools install\nexit 101\n"
@@ -54,3 +57,12 @@ def install(packages: Sequence[str], timeout: float = 1800) -> None:
             if done.returncode != 0:
                 problem = f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}"
                 raise InstallError(problem)
+
+
+def missing(what: str, test: str) -> NoReturn:
+    """A tool ``test`` needs is ``what`` is missing: a skip saying so, or, in CI (``CI``
+    set, where every tool is installed by scripts/check), a failure, since a skip
+    there would hide a check that never ran."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{test} must run in CI: {what}")
+    pytest.skip(what)

@@ -14,7 +14,6 @@ test skips, except in CI (``CI`` set).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -33,6 +32,7 @@ import pytest
 from numad.daemon.root import Daemon
 from numad.host.scratch import scratch_mkdir
 from numad.host.systemd_bus import Systemd
+from tests import debian
 from tests.conftest import Machines, recorded_daemon
 from tests.daemon.test_alerts import RULES, alert_rules
 from tests.daemon.test_dashboard import DASHBOARD, panels
@@ -52,10 +52,10 @@ START_BOUND = 120.0
 def server_binary() -> str:
     found = shutil.which("prometheus")
     if found is None:
-        reason = "prometheus is missing (Debian's prometheus; scripts/check installs it as root)"
-        if os.environ.get("CI"):
-            pytest.fail(f"the live Prometheus test must run in CI: {reason}")
-        pytest.skip(reason)
+        debian.missing(
+            "prometheus is missing (Debian's prometheus; scripts/check installs it as root)",
+            "the live Prometheus test",
+        )
     return found
 
 

@@ -16,7 +16,6 @@ hide a gap.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -35,7 +34,7 @@ from numad.topology.discover import discover
 from numad.topology.model import Topology
 from numad.topology.picture import Kind, workload_colour
 from numad.topology.picture.colours import COLOURS
-from tests import browser
+from tests import browser, debian
 from tests.conftest import Machines
 from tests.daemon.test_daemon_e2e import Numad
 
@@ -238,10 +237,10 @@ def _cpus(text: str) -> list[int]:
 def chromium() -> None:
     if browser.chromium() is not None:
         return
-    reason = "Debian's chromium is missing (scripts/check installs it when run as root)"
-    if os.environ.get("CI"):
-        pytest.fail(f"the browser test must run in CI: {reason}")
-    pytest.skip(reason)
+    debian.missing(
+        "Debian's chromium is missing (scripts/check installs it when run as root)",
+        "the browser test",
+    )
 
 
 # The page's facts, read in the browser: each workload row, each PU and who holds it.
