@@ -22,6 +22,7 @@ from numad.topology.sysread import Reader
 
 PCI_DIR = "/sys/bus/pci/devices"
 _PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+_HOST_BRIDGE = re.compile(r"pci[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}")
 _HEX_ID = re.compile(r"0x[0-9a-f]{1,8}")
 
 
@@ -156,9 +157,36 @@ def _pci_devices(r: Reader, nodes: NodeSet) -> tuple[PciDevice, ...]:
                 pci_class=_hex_id(r, f"{base}/class"),
                 driver=posixpath.basename(driver) if driver else None,
                 local_cpus=r.cpus(f"{base}/local_cpulist", f"{base}/local_cpus"),
+                path=_pcie_path(r, base, address),
             )
         )
     return tuple(devices)
+
+
+def _pcie_path(r: Reader, base: str, address: str) -> tuple[str, ...]:
+    """What is above the device in the PCIe tree, from the host bridge down.
+
+    ``/sys/bus/pci/devices/ADDR`` links to the device's place under
+    ``/sys/devices``: ``../../../devices/pci0000:17/0000:17:00.0/0000:18:00.0/ADDR``.
+    The link is resolved inside the root (the reads of its attributes resolve it
+    anyway, so this costs no more than that one readlink). Only PCI entries count,
+    from the first host bridge on: a Hyper-V or platform device tree puts other
+    directories above it (``LNXSYSTM:00/.../pci0001:00``).
+
+    Quirk: some recordings (hwloc's) keep plain directories in
+    /sys/bus/pci/devices instead of links; such a device's place is unknown, ().
+    """
+    parts = r.fs.resolve(base).split("/")
+    if parts[-1].lower() != address.lower():
+        return ()
+    starts = [i for i, p in enumerate(parts[:-1]) if _HOST_BRIDGE.fullmatch(p)]
+    if not starts:
+        return ()
+    above = parts[starts[0] : -1]
+    if not all(_HOST_BRIDGE.fullmatch(p) or _PCI_ADDRESS.fullmatch(p) for p in above):
+        r.note(base, "links to a place with non-PCI entries between its bridges (no path)")
+        return ()
+    return tuple(p.lower() for p in above)
 
 
 def _hex_id(r: Reader, path: str) -> str | None:
