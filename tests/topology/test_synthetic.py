@@ -1,4 +1,5 @@
-"""The two synthetic machines of fixtures/synthetic, read through discovery.
+"""The GB200-like and SGI-UV-like synthetic machines of fixtures/synthetic, read
+through discovery (the DGX-like one: test_dgxlike.py).
 
 fixtures/synthetic/make.py states a GB200-like tray (2 Grace nodes and 32
 CPU-less GPU-memory nodes) and an SGI-UV-like machine (64 nodes, hop-count
@@ -211,7 +212,7 @@ def test_the_archives_are_what_the_script_writes(make: ModuleType) -> None:
         names.append(machine.name)
         archive = FIXTURES / f"{machine.name}.tar.bz2"
         assert bz2.decompress(archive.read_bytes()) == make.tar_bytes(machine), machine.name
-    assert names == [GB200, UV]
+    assert names == [GB200, UV, "224intel64-2pa56co2t+8gpu8nic-dgxlike"]
 
 
 def test_the_catalogue_entries_are_what_the_script_states(make: ModuleType) -> None:
