@@ -27,6 +27,9 @@ values of the wrong type or outside their range, are errors naming the key
     [devices.gpu]                     # a device class: selectors, or addresses
     vendor = "0x10de"
     class-prefix = "0x0302"
+    pick = "locality"                 # locality: a container's devices closest in the
+                                      # PCIe tree (a switch, a root port) inside the
+                                      # merge's nodes; index: the kubelet's order
 
     [paths]
     cgroup-root = "/sys/fs/cgroup"
@@ -74,7 +77,7 @@ from numad.cpuset import CPUSet
 from numad.daemon.selectors import hex_id, pci_address, pci_ids
 from numad.errors import ConfigError
 from numad.placement.managers.cpu.static import CPUOption
-from numad.placement.managers.device import DeviceClass
+from numad.placement.managers.device import DeviceClass, Pick
 from numad.placement.policy import OPTIONS, Policy
 from numad.placement.scope import Scope
 
@@ -89,7 +92,7 @@ _KEYS = {
     "host": {"isolate", "irq-affinity"},
     "metrics": {"listen", "port", "page"},
 }
-_DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses"}
+_DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses", "pick"}
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -359,7 +362,7 @@ def _classes(raw: _Table) -> tuple[DeviceClass, ...]:
     for name in raw.values:
         sel = raw.table(name)
         sel.only(_DEVICE_KEYS)
-        if not sel.values:
+        if not set(sel.values) - {"pick"}:
             raise ConfigError(
                 sel.where,
                 "selects nothing",
@@ -376,6 +379,7 @@ def _classes(raw: _Table) -> tuple[DeviceClass, ...]:
                 class_prefix=None if prefix is None else hex_id(f"{where} class-prefix", prefix, 6),
                 driver=sel.string("driver", None),
                 addresses=tuple(pci_address(where, a) for a in sel.strings("addresses", ())),
+                pick=sel.choice("pick", Pick.LOCALITY),
             )
         )
     return tuple(classes)

@@ -57,6 +57,7 @@ class Views:
                     placements(held.books, spec.name),
                     asks=() if before is None else before.asks,
                     held=True,
+                    wiring=() if before is None else before.wiring,
                 )
             _, outcome = admit(held.engine, held.books, spec.to_request())
             return outcome

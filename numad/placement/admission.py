@@ -84,6 +84,8 @@ class Outcome:
     asks: tuple[Asked, ...] = ()
     free: tuple[NodeFree, ...] = ()  # what each node had free, on a rejection
     held: bool = False  # decided before: the workload holds these placements already
+    # (container, what its devices share in the PCIe tree), for two devices or more
+    wiring: tuple[tuple[str, str], ...] = ()
 
     @property
     def explanation(self) -> Explanation | None:
@@ -107,8 +109,13 @@ class Outcome:
             return ()
         failure = self.detail if self.reason is Reason.ALLOCATION else ""
         if self.asks and self.asks[0].container == POD:
-            return ((POD, explain(self.decisions[0][1], self.asks[0], self.free, failure)),)
+            wiring = tuple(
+                text if len(self.wiring) == 1 else f"{name}: {text}" for name, text in self.wiring
+            )
+            why = explain(self.decisions[0][1], self.asks[0], self.free, failure, wiring)
+            return ((POD, why),)
         asks = {a.container: a for a in self.asks}
+        wired = dict(self.wiring)
         out = []
         for name, decision in self.decisions:
             decisive = name == self.failed_container
@@ -120,6 +127,7 @@ class Outcome:
                         asks.get(name),
                         self.free if decisive else (),
                         failure if decisive else "",
+                        (wired[name],) if name in wired else (),
                     ),
                 )
             )
@@ -234,7 +242,11 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
         if pod_decision is None
         else (_asked(start, _pod_request(workload.name, ordered), POD),)
     )
-    return books, Outcome(True, tuple(decisions), placements(books, workload.name), asks=asks)
+    held = placements(books, workload.name)
+    wiring = tuple(
+        (name, text) for name, p in held.items() if (text := books.devices.wiring(p.devices))
+    )
+    return books, Outcome(True, tuple(decisions), held, asks=asks, wiring=wiring)
 
 
 POD = "the pod"  # who asks, by pod scope

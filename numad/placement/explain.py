@@ -83,12 +83,17 @@ class Explanation:
     asked: Asked | None = None
     free: tuple[NodeFree, ...] = ()  # per node, given on a rejection
     failure: str = ""  # the merge admitted, then this allocation failed: rejected
+    # What the devices placed share in the PCIe tree ("gpu 0000:1b:00.0 and nic
+    # 0000:1a:00.0 share switch 0000:18:00.0"), for two devices or more
+    wiring: tuple[str, ...] = ()
 
     def parts(self) -> tuple[str, ...]:
-        """The decision, the request, what was free, then each resource's node sets."""
+        """The decision, the request, what its devices share, what was free, then each
+        resource's node sets."""
         out = [self._decision()]
         if self.asked is not None:
             out.append(self.asked.text())
+        out += self.wiring
         out += [f.text() for f in self.free[:FREE_SHOWN]]
         if len(self.free) > FREE_SHOWN:
             out.append(f"{len(self.free) - FREE_SHOWN} more nodes (numad topology shows them)")
@@ -124,9 +129,11 @@ def explain(
     asked: Asked | None = None,
     free: tuple[NodeFree, ...] = (),
     failure: str = "",
+    wiring: tuple[str, ...] = (),
 ) -> Explanation:
     """``decision`` explained; ``failure``: the allocation that failed after the merge
-    admitted (then the explanation is a rejection)."""
+    admitted (then the explanation is a rejection); ``wiring``: what the devices
+    placed share in the PCIe tree."""
     views = tuple(_view(hl) for hl in decision.lists)
     return Explanation(
         policy=decision.policy,
@@ -138,6 +145,7 @@ def explain(
         asked=asked,
         free=free,
         failure=failure,
+        wiring=wiring,
     )
 
 

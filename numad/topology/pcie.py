@@ -15,6 +15,7 @@ root port, 2 and below switch ports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from numad.topology.model import PciDevice
@@ -47,11 +48,17 @@ def common(devices: list[PciDevice]) -> Shared | None:
     two devices, or where their paths share nothing)."""
     if len(devices) < 2:
         return None
+    return common_path([d.path for d in devices])
+
+
+def common_path(paths: Sequence[tuple[str, ...]]) -> Shared | None:
+    """The deepest entry every one of ``paths`` has in common (None where they share
+    nothing, or for no path at all)."""
     depth = 0
-    for entries in zip(*(d.path for d in devices), strict=False):
+    for entries in zip(*paths, strict=False):
         if len(set(entries)) != 1:
             break
         depth += 1
     if depth == 0:
         return None
-    return Shared(depth, kind_at(depth - 1), devices[0].path[depth - 1])
+    return Shared(depth, kind_at(depth - 1), paths[0][depth - 1])

@@ -21,7 +21,7 @@ from numad.placement.conformance import read_cases
 from numad.placement.managers.cpu.state import CPUState
 from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
 from numad.placement.managers.cpu.topology import CPUTopology, bits
-from numad.placement.managers.device import DeviceClass, DeviceInventory, DeviceState
+from numad.placement.managers.device import DeviceClass, DeviceInventory, DeviceState, Pick
 from numad.placement.managers.memory import MemoryState, MemoryTable
 from numad.placement.policy import Machine, Policy
 from numad.topology.discover import discover
@@ -45,8 +45,8 @@ def test_admission_sequence(machines: Machines, scenario: dict[str, Any]) -> Non
     cpu_policy = StaticPolicy(view, StaticOptions())
     reserved = cpu_policy.reserve(scenario["cpu_manager"]["reserved_count"])
     assert bits(reserved) == scenario["reserved"]
-    classes = [
-        DeviceClass(n, class_prefix=c["pci_class_prefix"])
+    classes = [  # the kubelet's order: discovery knows the PCIe tree of these recordings
+        DeviceClass(n, class_prefix=c["pci_class_prefix"], pick=Pick.INDEX)
         for n, c in scenario["device_classes"].items()
     ]
     inventory = DeviceInventory.build(topo, classes)

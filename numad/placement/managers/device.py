@@ -11,21 +11,33 @@ admission vectors expect.
 Where numad departs from the kubelet: allocation is deterministic. Within a
 tier, nodes with the most free devices of the class come first (then the
 lower node id), and within a node, ascending PCI address; the kubelet takes
-from an unordered set.
+from an unordered set. A class that picks by locality (``Pick.LOCALITY``, the
+default) then has its devices of a container moved, node for node, to the set
+closest in the PCIe tree (``numad.placement.managers.locality``); ``Pick.INDEX``
+keeps this order exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
-from numad.cpuset import NodeSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError, ConfigError
 from numad.placement.hintspace import HintSpace, min_width
+from numad.placement.managers.locality import Slot, closest, wiring
 from numad.topology.model import PciDevice, Topology
 
 Key = tuple[str, str]  # (workload, container)
+
+
+class Pick(StrEnum):
+    """How a class's devices are picked inside the nodes the merge chose."""
+
+    LOCALITY = "locality"  # the set closest in the PCIe tree (then the order below)
+    INDEX = "index"  # the kubelet's order: lowest index (address) first
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,7 @@ class DeviceClass:
     class_prefix: str | None = None  # "0x0302": the start of the PCI class code
     driver: str | None = None
     addresses: tuple[str, ...] = ()
+    pick: Pick = Pick.LOCALITY
 
     def described(self) -> str:
         """The selectors as the config gives them: "vendor 0x1bcf, class-prefix 0x0b40"."""
@@ -71,6 +84,8 @@ class DeviceClass:
 class Device:
     address: str
     node: int | None
+    path: tuple[str, ...] = ()  # its place in the PCIe tree (PciDevice.path)
+    local_cpus: CPUSet | None = None  # PciDevice.local_cpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,7 @@ class DeviceInventory:
 
     nodes: tuple[int, ...]  # every NUMA node of the machine: the masks' universe
     classes: Mapping[str, tuple[Device, ...]]
+    picks: Mapping[str, Pick] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def build(cls, topo: Topology, classes: Sequence[DeviceClass]) -> DeviceInventory:
@@ -100,8 +116,15 @@ class DeviceInventory:
                     )
                 owner[address] = c.name
             by_address = {d.address: d for d in topo.pci_devices}
-            found[c.name] = tuple(Device(a, by_address[a].numa_node) for a in members)
-        return cls(tuple(n.id for n in topo.nodes), MappingProxyType(found))
+            found[c.name] = tuple(
+                Device(a, by_address[a].numa_node, by_address[a].path, by_address[a].local_cpus)
+                for a in members
+            )
+        return cls(
+            tuple(n.id for n in topo.nodes),
+            MappingProxyType(found),
+            MappingProxyType({c.name: c.pick for c in classes}),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +224,12 @@ class DeviceState:
         held = {k: dict(v) for k, v in self.held.items()}
         mine = held.setdefault(key, {})
         subject = f"{key[0]}/{key[1]}"
+        fresh: set[str] = set()  # the classes allocated here, by the kubelet's order
+        reused: set[str] = set()  # devices moved over from finished init containers
         for name, count in sorted(request.items()):
             if count <= 0 or name in mine:
                 continue
+            fresh.add(name)
             taken: list[str] = []
             for donor in reuse_from:
                 if donor[0] != key[0] or donor == key:
@@ -221,12 +247,67 @@ class DeviceState:
                     f"Requested: {count}, Available: {len(taken) + len(order)}",
                 )
             mine[name] = tuple(taken + order[: count - len(taken)])
+            reused.update(taken)
+        mine.update(self._closer(mine, fresh, reused))
         frozen = {
             k: MappingProxyType({n: a for n, a in v.items() if a})
             for k, v in held.items()
             if any(v.values())
         }
         return DeviceState(self.inventory, MappingProxyType(frozen))
+
+    def _closer(
+        self, mine: Mapping[str, tuple[str, ...]], fresh: set[str], reused: set[str]
+    ) -> dict[str, tuple[str, ...]]:
+        """The fresh picks of locality classes moved, node for node, to the closest set
+        in the PCIe tree (``locality.closest``); the other devices stay as they are."""
+        by_address = {d.address: d for ds in self.inventory.classes.values() for d in ds}
+        need: dict[Slot, int] = {}
+        fixed: list[tuple[str, ...]] = []
+        for name, addresses in mine.items():
+            movable = (
+                name in fresh and self.inventory.picks.get(name, Pick.LOCALITY) == Pick.LOCALITY
+            )
+            for a in addresses:
+                node = by_address[a].node
+                if movable and a not in reused and node is not None:
+                    need[(name, node)] = need.get((name, node), 0) + 1
+                else:
+                    fixed.append(by_address[a].path)
+        if not need or sum(need.values()) + len(fixed) < 2:
+            return {}
+        candidates = {
+            slot: [(d.address, d.path) for d in self.free(slot[0]) if d.node == slot[1]]
+            for slot in need
+        }
+        chosen = closest(need, candidates, fixed)
+        if chosen is None:
+            return {}
+        out: dict[str, tuple[str, ...]] = {}
+        for name in {slot[0] for slot in need}:
+            queues = {slot: list(chosen[slot]) for slot in chosen if slot[0] == name}
+            moved = []
+            for a in mine[name]:  # each fresh pick on a node gives way to its slot's next
+                node = by_address[a].node
+                if a in reused or node is None:
+                    moved.append(a)
+                else:
+                    moved.append(queues[(name, node)].pop(0))
+            out[name] = tuple(moved)
+        return out
+
+    def wiring(self, devices: Mapping[str, tuple[str, ...]]) -> str:
+        """What ``devices`` (class -> addresses, one container's) share in the PCIe tree,
+        in words (``locality.wiring``); empty for fewer than two devices."""
+        by_address = {d.address: d for ds in self.inventory.classes.values() for d in ds}
+        return wiring(
+            [
+                (name, a, by_address[a].path, by_address[a].node)
+                for name, addresses in sorted(devices.items())
+                for a in addresses
+                if a in by_address
+            ]
+        )
 
     def release(self, workload: str, container: str | None = None) -> DeviceState:
         kept = {
