@@ -9,7 +9,8 @@ and class for class, as many devices as that order took (so every later hint, an
 so every later merge and admission, is what it would be with ``pick = "index"``),
 and moves them to the set that, in the PCIe tree, shares the deepest common
 ancestor: a switch, then a root port, then a host bridge. Ties go, in turn, to
-the set closest to the container's fixed devices (those of ``pick = "index"``
+the set closest to the container's fixed devices (the most levels shared with
+each, summed) (those of ``pick = "index"``
 classes, those taken over from a finished init container, those with no node),
 then to the subtree with the fewest free devices to spare (a best fit: larger
 groups stay whole for the next container), then to the lowest addresses, the
@@ -20,7 +21,8 @@ locality device that shares nothing with the fixed ones.
 
 Mixed classes: the devices of ``pick = "index"`` classes are never moved; they are
 fixed points the locality classes' set is drawn towards (second key above), after
-its own closeness (first key).
+its own closeness (first key): one NIC by locality beside GPUs by index goes to
+the NIC that shares the most with those GPUs.
 
 Cost: every candidate device adds each of its ancestors once (D devices times L levels
 counted), each distinct ancestor (at most D*L) is checked against the K
@@ -61,10 +63,9 @@ def closest(
         counts = [under.get((ancestor, slot), 0) for slot in need]
         if any(c < n for c, n in zip(counts, need.values(), strict=True)):
             continue
-        near = common_path([ancestor, *fixed]) if fixed else None
         score = (
             len(ancestor) if several else 0,
-            0 if near is None else near.depth,
+            sum(_depth(ancestor, path) for path in fixed),
             sum(need.values()) - sum(counts),
         )
         scored.append((score, ancestor))
@@ -76,6 +77,11 @@ def closest(
     # 3. Of the tied ancestors, the lowest addresses in the kubelet's order.
     picks = [_under(ancestor, need, candidates) for score, ancestor in scored if score == best]
     return min(picks, key=lambda p: [_positions(p[s], candidates[s]) for s in sorted(need)])
+
+
+def _depth(a: Path, b: Path) -> int:
+    shared = common_path([a, b])
+    return 0 if shared is None else shared.depth
 
 
 def _under(
@@ -110,7 +116,10 @@ def wiring(devices: Sequence[tuple[str, str, Path, int | None]]) -> str:
         names.append(f"{name} {listed}")
     who = _joined(names)
     nodes = {d[3] for d in devices}
-    where = "no NUMA node" if None in nodes else _nodes(NodeSet(n for n in nodes if n is not None))
+    known = NodeSet(n for n in nodes if n is not None)
+    where = " and ".join(
+        ([_nodes(known)] if known else []) + (["no NUMA node"] if None in nodes else [])
+    )
     if any(not d[2] for d in devices):
         return f"{who} are on {where} (their place in the PCIe tree is not known)"
     shared = common_path([d[2] for d in devices])
