@@ -89,6 +89,8 @@ def _pci(d: Mapping[str, Any]) -> PciDevice:
         pci_class=d["class"],
         driver=d["driver"],
         local_cpus=None if local is None else CPUSet(local),
+        # Absent from the JSON of a numad before the PCIe tree (issue 27).
+        path=tuple(d.get("path", ())),
     )
 
 

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from numad.cpuset import CPUSet
-from numad.topology.model import CPU, CacheGroup, NumaNode, PciDevice, Topology
+from numad.topology.model import CPU, CacheGroup, NumaNode, Topology
+from numad.topology.pcirender import pci_json, pci_section
 
 # -- JSON ---------------------------------------------------------------------
 
@@ -24,7 +25,7 @@ def to_json(topo: Topology) -> dict[str, object]:
         "cores": sum(1 for c in topo.cores if c.cpus),
         "numa_nodes": {str(n.id): _node_json(n) for n in _by_id(topo.nodes)},
         "cpus": [_cpu_json(c) for c in sorted(topo.all_cpus, key=lambda c: c.id)],
-        "pci": [_pci_json(d) for d in sorted(topo.pci_devices, key=lambda d: d.address)],
+        "pci": pci_json(topo),
         "online_cpus": _ids(topo.online_cpus),
         "isolated": _ids(topo.isolated),
         "nohz_full": _ids(topo.nohz_full),
@@ -63,18 +64,6 @@ def _cpu_json(cpu: CPU) -> dict[str, object]:
     }
 
 
-def _pci_json(dev: PciDevice) -> dict[str, object]:
-    return {
-        "address": dev.address,
-        "numa_node": dev.numa_node,
-        "class": dev.pci_class,
-        "vendor": dev.vendor,
-        "device": dev.device,
-        "driver": dev.driver,
-        "local_cpus": None if dev.local_cpus is None else _ids(dev.local_cpus),
-    }
-
-
 def _l3_json(group: CacheGroup) -> dict[str, object]:
     return {
         "id": group.id,
@@ -97,7 +86,8 @@ def to_text(topo: Topology) -> str:
     Packages hold the part of each NUMA node that lies in them, nodes hold L3
     groups, L3 groups hold cores. A node spanning packages (or an L3 spanning
     nodes) shows up once per part, each marked as a part; memory-only nodes,
-    memory, distances and PCI devices follow in their own sections.
+    memory, distances and PCI devices (``pcirender``: by node, then by PCIe
+    switch) follow in their own sections.
     """
     sections = [
         [_summary(topo)],
@@ -105,7 +95,7 @@ def to_text(topo: Topology) -> str:
         _node_section(topo),
         _cpu_states(topo),
         _distance_table(topo),
-        _pci_section(topo),
+        pci_section(topo),
         _notes(topo),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
@@ -228,72 +218,6 @@ def _distance_table(topo: Topology) -> list[str]:
     lines = ["Node distances:", "  node" + "".join(f" {m:>{width}}" for m in ids)]
     lines += [f"  {n:>4}" + "".join(f" {cells[n, m]:>{width}}" for m in ids) for n in ids]
     return lines
-
-
-def _pci_section(topo: Topology) -> list[str]:
-    if not topo.pci_devices:
-        return ["PCI devices: none"]
-    lines = ["PCI devices:"]
-    known = topo.node_ids
-    keys = sorted({d.numa_node for d in topo.pci_devices}, key=lambda n: (n is None, n or 0))
-    width = max(len(pci_kind(d.pci_class)) for d in topo.pci_devices)
-    for node in keys:
-        if node is None:
-            lines.append("  no NUMA node:")
-        else:
-            lines.append(f"  NUMA node {node}:" if node in known else f"  node {node} (offline):")
-        devices = sorted(topo.devices_of_node(node), key=lambda d: d.address)
-        lines += [f"    {_pci_line(d, width)}" for d in devices]
-    return lines
-
-
-def _pci_line(dev: PciDevice, width: int) -> str:
-    ids = f"{_bare_hex(dev.vendor)}:{_bare_hex(dev.device)}"
-    driver = f"  driver {dev.driver}" if dev.driver else ""
-    return f"{dev.address}  {pci_kind(dev.pci_class):<{width}}  {ids}{driver}"
-
-
-# Base class names from the PCI Code and ID Assignment Specification.
-_PCI_BASE_CLASSES = {
-    0x00: "unclassified",
-    0x01: "storage",
-    0x02: "network",
-    0x03: "display",
-    0x04: "multimedia",
-    0x05: "memory controller",
-    0x06: "bridge",
-    0x07: "communication",
-    0x08: "system peripheral",
-    0x09: "input",
-    0x0A: "docking station",
-    0x0B: "processor",
-    0x0C: "serial bus",
-    0x0D: "wireless",
-    0x0E: "intelligent I/O",
-    0x0F: "satellite",
-    0x10: "encryption",
-    0x11: "signal processing",
-    0x12: "processing accelerator",
-    0x13: "instrumentation",
-    0x40: "coprocessor",
-    0xFF: "unassigned",
-}
-
-
-def pci_kind(pci_class: str | None) -> str:
-    if pci_class is None:
-        return "class unknown"
-    try:
-        base = int(pci_class, 16) >> 16
-    except ValueError:
-        return f"class {pci_class}"
-    return f"{_PCI_BASE_CLASSES.get(base, 'other')} [{pci_class}]"
-
-
-def _bare_hex(value: str | None) -> str:
-    if value is None:
-        return "?"
-    return value[2:] if value.lower().startswith("0x") else value
 
 
 def _notes(topo: Topology) -> list[str]:

@@ -213,6 +213,8 @@ def test_json_values_of_a_two_socket_machine() -> None:
             "device": "0xa182",
             "driver": "ahci",
             "local_cpus": None,
+            "path": [],
+            "switch": None,
         },
         {
             "address": "0000:3b:00.0",
@@ -222,6 +224,8 @@ def test_json_values_of_a_two_socket_machine() -> None:
             "device": "0x1017",
             "driver": "mlx5_core",
             "local_cpus": [0, 1, 2, 3, 8, 9, 10, 11],
+            "path": [],
+            "switch": None,
         },
         {
             "address": "0000:af:00.0",
@@ -231,6 +235,8 @@ def test_json_values_of_a_two_socket_machine() -> None:
             "device": "0x20b0",
             "driver": None,
             "local_cpus": None,
+            "path": [],
+            "switch": None,
         },
     ]
     assert data["online_cpus"] == list(range(16))

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from html import escape
 
 from numad.topology.model import NumaNode, Topology
+from numad.topology.pcirender import pci_kind
 from numad.topology.picture.colours import COLOURS, ink, workload_colour
 from numad.topology.picture.heat import draw_heat, heat_box
 from numad.topology.picture.holders import NOBODY, Holders, Kind, NodeMemory
 from numad.topology.picture.layout import GAP, WIDTH, Box, count, label_width, machine, place
 from numad.topology.picture.svgtext import rect, text
-from numad.topology.render import pci_kind
 
 _FILLS = {  # container boxes, lstopo's tones
     "machine": "#ffffff",
