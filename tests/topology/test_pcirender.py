@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -11,6 +12,7 @@ from numad.topology.archive import ArchiveFS
 from numad.topology.discover import discover
 from numad.topology.fromjson import from_json
 from numad.topology.model import CPU, Core, NumaNode, Package, PciDevice, Topology
+from numad.topology.picture import svg
 from numad.topology.render import to_json, to_text
 
 DGX = Path(__file__).resolve().parents[2] / (
@@ -122,3 +124,22 @@ def test_devices_without_a_path_list_as_before() -> None:
             "",
         ][: len(_pci_lines(to_text(topo)))]
     )
+
+
+def test_the_picture_draws_a_switch_s_devices_in_its_box(dgx: Topology) -> None:
+    tree = ElementTree.fromstring(svg(dgx))  # noqa: S314 - numad's own SVG, drawn here
+    ns = "{http://www.w3.org/2000/svg}"
+    boxes = {
+        g.get("data-switch"): sorted(d.get("data-address", "") for d in g.iter(f"{ns}g"))
+        for g in tree.iter(f"{ns}g")
+        if g.get("class") == "switch"
+    }
+    # Bridges stay hidden in the picture: the switch's box holds its GPUs, NICs, NVMe.
+    assert {k: [a for a in v if a] for k, v in boxes.items()} == {
+        "0000:16:00.0": ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "0000:1b:00.0"],
+        "0000:38:00.0": [f"0000:{b}:00.0" for b in ("3a", "3b", "3c", "3d", "3e")],
+        "0000:9b:00.0": ["0000:9d:00.0", "0000:9e:00.0", "0000:9f:00.0", "0000:a0:00.0"],
+        "0000:bd:00.0": [f"0000:{b}:00.0" for b in ("bf", "c0", "c1", "c2", "c3")],
+    }
+    boot = [g for g in tree.iter(f"{ns}g") if g.get("data-address") == "0000:01:00.0"]
+    assert len(boot) == 1  # drawn, in no switch's box

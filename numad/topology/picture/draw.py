@@ -6,6 +6,7 @@ and the offline hatching are inside the SVG). Colours are attributes, not only C
 so any viewer shows them; a workload's colour comes from its name (``colours``).
 Every element a reader or a test looks for carries its facts as ``data-`` attributes:
 ``data-cpu``/``data-holder`` on each PU, ``data-node`` on each node box,
+``data-switch`` on each PCIe switch's box (its devices inside),
 ``data-held-bytes``/``data-free-bytes`` on each memory bar, ``data-from``/``data-to``/
 ``data-distance`` on each heat map cell, ``data-highlight`` on the picture when one
 workload is singled out (its CPUs and devices outlined, the other workloads' dimmed).
@@ -34,6 +35,7 @@ _FILLS = {  # container boxes, lstopo's tones
     "group": "#f7f7f7",
     "gpu": "#e3ecf7",
     "device": "#eaf2fb",
+    "switch": "#f2f6ee",
     "more": "#f7f7f7",
 }
 _STYLE = (
@@ -114,6 +116,8 @@ def _draw(box: Box, topo: Topology, paint: _Paint, out: list[str]) -> None:
         _draw_device(box, paint, out)
         return
     attrs = f' data-node="{box.node}"' if box.kind == "node" else ""
+    if box.switch is not None:
+        attrs = f' data-switch="{escape(box.switch)}"'
     out.append(f'<g class="{box.kind}"{attrs}>{rect(box, _FILLS.get(box.kind, "#fff"))}')
     if box.label and box.kind != "core":
         out.append(text(box.x + 5, box.y + 15, box.label))

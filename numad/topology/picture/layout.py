@@ -3,7 +3,8 @@
 Pure: reads the model, computes positions, draws nothing. The tree is
 machine > package > die (where a package has several) > NUMA node (the part of it
 in the package) > L3 group (the part of it in the node) > core > thread (PU), and
-each node's PCI devices inside its (first) box; a GPU's memory nodes (see
+each node's PCI devices inside its (first) box, those of one PCIe switch in a box
+of their own; a GPU's memory nodes (see
 ``gpu_memory``) in one box with the GPU; other memory-only nodes, offline CPUs,
 online CPUs in no package and devices on no node follow in boxes of their own.
 Every online CPU is one PU box, once. Boxes flow left to right and wrap into rows
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.topology.model import NumaNode, PciDevice, Topology
+from numad.topology.switches import switches
 
 WIDTH = 1200  # the picture's width in SVG units; the viewer scales it
 GAP = 6
@@ -37,6 +39,7 @@ _FRAME = {
     "core": (3, 0),
     "group": (6, 22),
     "gpu": (5, 20),
+    "switch": (5, 20),
     "legend": (0, 0),
 }
 _BRIDGE_CLASS = 0x06  # PCI base class "bridge": hidden, as lstopo does by default
@@ -58,6 +61,7 @@ class Box:
     cpu: int | None = None  # pu
     node: int | None = None  # node, and the distance map
     device: PciDevice | None = None
+    switch: str | None = None  # a PCIe switch's box: its upstream port's address
     part: bool = False  # a node or L3 box holding only part of its CPUs
     fill: str = ""  # a legend key's colour
 
@@ -221,6 +225,7 @@ class _Devices:
         self.topo = topo
         self.held = held
         self.gpu_nodes = gpu_memory(topo)
+        self.switch = switches(topo.pci_devices)
         self.left: dict[int | None, list[PciDevice]] = {}
         for d in sorted(topo.pci_devices, key=lambda d: d.address):
             if d.address in held or _base_class(d) != _BRIDGE_CLASS:
@@ -231,7 +236,23 @@ class _Devices:
         # Held devices first, so the cap never hides one.
         devices.sort(key=lambda d: d.address not in self.held)
         room = max(MAX_DEVICES, sum(1 for d in devices if d.address in self.held))
-        return [self._with_memory(box) for box in _device_boxes(devices, room)]
+        return self._by_switch([self._with_memory(box) for box in _device_boxes(devices, room)])
+
+    def _by_switch(self, boxes: list[Box]) -> list[Box]:
+        """The devices of one PCIe switch in one box, where the first of them is."""
+        out: list[Box] = []
+        grouped: dict[str, Box] = {}
+        for box in boxes:
+            device = box.device or next((c.device for c in box.children if c.device), None)
+            switch = None if device is None else self.switch.get(device.address)
+            if switch is None:
+                out.append(box)
+            elif switch in grouped:
+                grouped[switch].children.append(box)
+            else:
+                grouped[switch] = Box("switch", f"PCIe switch {switch}", [box], switch=switch)
+                out.append(grouped[switch])
+        return out
 
     def _with_memory(self, box: Box) -> Box:
         """A GPU's box, in one box with its memory nodes where it has any."""
