@@ -3,7 +3,7 @@
 Edge module for ``record-fixture`` and for tests. ``record_fixture`` writes
 what a recording ``HostFS`` holds (files as read, directories listed, links
 followed); it touches the host only through a ``HostFS``, to list again the
-directories discovery listed.
+directories discovery listed and to find which links lead to directories.
 ``load_fixture`` extracts an archive that may come from anywhere (a bug
 report), so every member is checked (``check_members``) before anything is
 written; ``numad.topology.archive`` reads one without writing it out.
@@ -48,9 +48,11 @@ def record_fixture(fs: HostFS, out: Path) -> int:
     again gives the same names: discovery uses names it never opens (a
     ``cpuN`` directory is how an offline CPU is known). Such entries carry no
     content: directories stay empty, files are empty, links keep their
-    target. Finding their kinds is the only host access here, through a
-    fresh, non-recording ``HostFS`` on the same root. The archive is
-    deterministic and written atomically.
+    target. A link keeps the directory it leads to, empty unless discovery
+    read in it (a PCI device's place under /sys/devices/pci*, which discovery
+    reads as its PCIe path). Finding kinds is the only host access here,
+    through a fresh, non-recording ``HostFS`` on the same root. The archive
+    is deterministic and written atomically.
     """
     rec = fs.recording
     if rec is None:
@@ -65,7 +67,9 @@ def record_fixture(fs: HostFS, out: Path) -> int:
         )
     top = _top_name(out)
     entries = _recorded_entries(rec)
-    entries |= _listing_entries(HostFS(fs.root), rec.dirs, entries)
+    probe = HostFS(fs.root)
+    entries |= _listing_entries(probe, rec.dirs, entries)
+    entries |= _link_directories(probe, rec.links, entries)
     _add_parents(entries)
     _write_atomically(out, _archive_bytes(entries, top))
     return len(entries) + 1  # and the top-level directory
@@ -124,6 +128,21 @@ def _listing_entries(
                 found[path] = _DIR
             else:
                 found[path] = _Entry(tarfile.REGTYPE)
+    return found
+
+
+def _link_directories(
+    probe: HostFS, links: Iterable[str], known: dict[str, _Entry]
+) -> dict[str, _Entry]:
+    """The directories recorded links lead to, so that no such link dangles in the
+    archive: /sys/bus/pci/devices/ADDR leads to the device's place in the PCIe tree,
+    /sys/devices/pci0000:17/0000:17:00.0/..., which discovery reads as its path even
+    where it opened no file in it."""
+    found: dict[str, _Entry] = {}
+    for link in sorted(links):
+        target = probe.resolve(link)
+        if target not in known and target != "/" and probe.is_dir(target):
+            found[target] = _DIR
     return found
 
 
