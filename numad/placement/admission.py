@@ -165,7 +165,10 @@ def _allocate(
     donors: Sequence[tuple[str, str]] = (),
 ) -> Books:
     devices = books.devices.allocate(key, request.devices, affinity, donors)
-    cpu = books.cpu.allocate(engine.cpu_policy, key, request.cpus, affinity, request.kind)
+    near = devices.near(key)  # CPUs local to its devices of locality classes
+    cpu = books.cpu.allocate(
+        engine.cpu_policy, key, request.cpus, affinity, request.kind, near=near
+    )
     memory = books.memory
     if engine.memory_manager:
         memory = memory.allocate(key, request.memory, affinity)

@@ -100,6 +100,7 @@ def test_text_by_default_json_on_request(capsys: Capture, daemon: Numad, specs: 
             "db:",
             "  admitted on node 0 (preferred, policy single-numa-node)",
             "  main asks for 4 exclusive CPUs, 2 vector-engine",
+            "  vector-engine 0000:1b:00.0 and 0000:1c:00.0 share switch 0000:18:00.0",
             "  vector-engine fits only on node 0",
             "  cpu fits on node 0 or node 1",
         ]

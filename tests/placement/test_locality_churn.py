@@ -50,6 +50,16 @@ def _depth(devices: DeviceState, addresses: list[str]) -> int:
     return 0 if shared is None else shared.depth
 
 
+def _local(devices: DeviceState, placed: Mapping[str, tuple[str, ...]]) -> int:
+    """The local CPUs of the devices ``placed``, as a mask."""
+    mask = 0
+    for name, addresses in placed.items():
+        for d in devices.inventory.classes[name]:
+            if d.address in addresses and d.local_cpus is not None:
+                mask |= d.local_cpus.bits
+    return mask
+
+
 def _kubelets(
     devices: DeviceState, asked: Mapping[str, int], affinity: NodeSet | None
 ) -> dict[str, list[str]]:
@@ -98,6 +108,7 @@ def test_churn(seed: int) -> None:
     books = {k: b for k, (_, b) in hosts.items()}
     admitted: list[str] = []
     shared = {"locality": 0, "index": 0}
+    local = {"locality": 0, "index": 0}
     for step in range(250):
         if admitted and rng.random() < 0.4:
             gone = admitted.pop(rng.randrange(len(admitted)))
@@ -134,11 +145,15 @@ def test_churn(seed: int) -> None:
             ]
             for k, got in (("locality", chosen), ("index", index_chosen)):
                 shared[k] += _depth(books[k].devices, got) >= 3
+        for k in ("locality", "index"):  # exclusive CPUs among their devices' local CPUs
+            placed = outcomes[k].placements["main"]
+            local[k] += (placed.cpus.bits & _local(books[k].devices, placed.devices)).bit_count()
         # No device is held twice.
         for b in books.values():
             held = [a for per in b.devices.held.values() for v in per.values() for a in v]
             assert len(held) == len(set(held)), where
     assert shared["locality"] > shared["index"]
+    assert local["locality"] > local["index"]
 
 
 def test_explain_says_what_the_devices_share() -> None:
@@ -150,3 +165,18 @@ def test_explain_says_what_the_devices_share() -> None:
     single = WorkloadRequest("one", (ContainerRequest("main", 2, {}, {"gpu": 1}),))
     _, outcome = admit(engine, books, single)
     assert not any("share" in p for p in explained_json(outcome)["explained"][0]["parts"])
+
+
+def test_cpus_near_the_devices() -> None:
+    """Node 0's switches on host bridge 00 are taken: two GPUs go under root port 2's
+    switch (host bridge 40, local CPUs the second L3 group: cores 4-7), and the CPUs
+    with them; by index, the kubelet's lowest free cores (CPU 0 is reserved)."""
+    request = WorkloadRequest("near", (ContainerRequest("main", 4, {}, {"gpu": 2}),))
+    other = WorkloadRequest("other", (ContainerRequest("main", 0, {}, {"gpu": 4}),))
+    got = {}
+    for pick in Pick:
+        engine, books = _host(switched.machine(), pick)
+        books, _ = admit(engine, books, other)
+        _, outcome = admit(engine, books, request)
+        got[pick] = outcome.placements["main"].cpus.format_list()
+    assert got == {Pick.LOCALITY: "4-5,12-13", Pick.INDEX: "1-2,9-10"}

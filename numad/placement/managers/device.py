@@ -296,6 +296,20 @@ class DeviceState:
             out[name] = tuple(moved)
         return out
 
+    def near(self, key: Key) -> int:
+        """The CPUs local to ``key``'s devices of locality classes (their
+        ``local_cpulist``), as a mask, from devices whose place in the PCIe tree is known
+        (recordings without the tree, and conformance vectors, keep the kubelet's CPUs);
+        0 where none is known."""
+        mask = 0
+        for name, addresses in self.held.get(key, {}).items():
+            if self.inventory.picks.get(name, Pick.LOCALITY) != Pick.LOCALITY:
+                continue
+            for d in self._devices(name):
+                if d.address in addresses and d.path and d.local_cpus is not None:
+                    mask |= d.local_cpus.bits
+        return mask
+
     def wiring(self, devices: Mapping[str, tuple[str, ...]]) -> str:
         """What ``devices`` (class -> addresses, one container's) share in the PCIe tree,
         in words (``locality.wiring``); empty for fewer than two devices."""

@@ -82,8 +82,11 @@ class CPUState:
         count: int,
         affinity: NodeSet | None,
         kind: ContainerKind = ContainerKind.APP,
+        *,
+        near: int = 0,
     ) -> CPUState:
-        """Exclusive CPUs for one container (an existing assignment is kept)."""
+        """Exclusive CPUs for one container (an existing assignment is kept); ``near``:
+        CPUs local to its devices, preferred inside its nodes (``StaticPolicy.allocate``)."""
         if count <= 0 or key in self.assignments:
             return self
         workload = key[0]
@@ -94,7 +97,7 @@ class CPUState:
             # could not find (as the kubelet does); the whole request is named here.
             raise not_enough(count, free)
         cpus = policy.allocate(
-            self.available, count, affinity, reusable=reusable, reserved=self.reserved
+            self.available, count, affinity, reusable=reusable, reserved=self.reserved, near=near
         )
         assignments = dict(self.assignments)
         assignments[key] = cpus

@@ -123,8 +123,10 @@ class StaticPolicy:
         *,
         reusable: int = 0,
         reserved: int = 0,
+        near: int = 0,
     ) -> int:
-        """Exclusive CPUs for one container: option checks, the aligned part, then the rest."""
+        """Exclusive CPUs for one container: option checks, the aligned part, then the rest.
+        ``near``: CPUs local to the container's devices, taken first (``_nearer``)."""
         if self.options.full_pcpus_only:
             self._check_smt(available, count, reserved)
         allocatable = available | reusable
@@ -132,7 +134,37 @@ class StaticPolicy:
         if numa_affinity is not None:
             aligned = allocatable & self._aligned(numa_affinity)
             result = self.take(aligned, min(count, aligned.bit_count()), len(numa_affinity))
+            if near & aligned and aligned & ~near:  # known, and narrower than the nodes
+                result = self._nearer(aligned, result, near)
         return result | self.take(allocatable & ~result, count - result.bit_count())
+
+    def _nearer(self, aligned: int, picked: int, near: int) -> int:
+        """``picked`` (the aligned CPUs the kubelet's allocator chose) chosen again, as
+        many on each NUMA node (so every later hint is the same), nearest the devices
+        first: their local CPUs, then the rest of the L3 groups those touch, then the
+        rest of the node, each through takeByTopology; a level that cannot give all the
+        rest gives whole cores' worth, so a core is not split for nearness. The
+        kubelet's choice where that fails."""
+        t = self.topo
+        caches = 0
+        for cache in t.uncore.values():
+            if cache & near:
+                caches |= cache
+        out = 0
+        try:
+            for node in t.numa.values():
+                want = (picked & node).bit_count()
+                for level in (near, caches, node):
+                    pool = aligned & node & level & ~out
+                    left = want - (out & node).bit_count()
+                    take = min(left, pool.bit_count())
+                    if take < left and t.cpus_per_core:  # a part: whole cores' worth only
+                        take -= take % t.cpus_per_core
+                    if take > 0:
+                        out |= self.take(pool, take)
+        except AllocationError:
+            return picked
+        return out if out.bit_count() == picked.bit_count() else picked
 
     def _aligned(self, nodes: NodeSet) -> int:
         if self.options.align_by_socket:
