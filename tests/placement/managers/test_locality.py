@@ -12,8 +12,11 @@ import pytest
 from numad.cpuset import NodeSet
 from numad.daemon import config
 from numad.errors import ConfigError
+from numad.hostfs import HostFS
 from numad.placement.managers.device import DeviceClass, DeviceInventory, DeviceState, Key, Pick
 from numad.placement.managers.locality import wiring
+from numad.topology.discover import discover
+from tests.conftest import Machines
 from tests.placement import switched
 
 KEY: Key = ("w", "c")
@@ -158,3 +161,25 @@ def test_config_pick(tmp_path: Path) -> None:
     path.write_text('[devices.gpu]\npick = "index"\n')
     with pytest.raises(ConfigError, match="selects nothing"):
         config.load(path)
+
+
+@pytest.mark.slow  # unpacks and discovers a 224-CPU machine: minutes on a loaded host
+def test_dgx_like_pairs_stay_under_one_switch(machines: Machines) -> None:
+    """The DGX-like machine (fixtures/synthetic): GPU 0000:18:00.0 taken, two more GPUs
+    and a NIC go under switch 1 (0000:38:00.0), where by index they spread."""
+    topo = discover(HostFS(machines.root("224intel64-2pa56co2t+8gpu8nic-dgxlike")))
+    got = {}
+    for pick in Pick:
+        classes = [
+            DeviceClass("gpu", vendor="0x10de", pick=pick),
+            DeviceClass("nic", vendor="0x15b3", pick=pick),
+        ]
+        state = DeviceState(DeviceInventory.build(topo, classes))
+        state = state.allocate(("other", "c"), {"gpu": 1}, NODE0)
+        after = state.allocate(KEY, {"gpu": 2, "nic": 1}, NODE0)
+        got[pick] = after.wiring(after.held[KEY])
+    assert got == {
+        Pick.LOCALITY: "gpu 0000:3a:00.0, 0000:3c:00.0 and nic 0000:3b:00.0"
+        " share switch 0000:38:00.0",
+        Pick.INDEX: "gpu 0000:1a:00.0, 0000:3a:00.0 and nic 0000:19:00.0 share only node 0",
+    }
