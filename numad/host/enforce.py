@@ -264,6 +264,8 @@ class Enforcer:
         try:
             if not self.cgroups.exists(path):
                 self.forget(path)  # gone: nothing left to report
+                if self.moves is not None:
+                    self.moves.settled(path)
                 return True
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
@@ -282,6 +284,8 @@ class Enforcer:
             self.problems.clear(f"write:{path}")
             if wide is not None and mems is not None and self.moves is not None:
                 self.moves.narrow(path, mems, wide)
+            elif mems is not None and self.moves is not None:
+                self.moves.settled(path)
             if self._effective(path, CPUSet.from_bits(cpus), now):
                 moved = self.written.get(path, (0, None))[0] != cpus
                 self.written[path] = (cpus, mems)

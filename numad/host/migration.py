@@ -137,6 +137,13 @@ class Migrations:
         """The mover has yet to write this cgroup's mems: a read-back differs, rightly."""
         return path in self.pending
 
+    def settled(self, path: str) -> None:
+        """The enforcer wrote the cgroup's mems itself (nothing to move), or the cgroup is
+        gone: a move that failed there is over, and so is its health problem (else a
+        unit whose move timed out on a slow systemd kept it after a later write)."""
+        if path not in self.pending:
+            self.health.clear(f"memory:{path}")
+
     # -- the mover's report, on its thread ----------------------------------------------------
 
     def _done(self, path: str, result: MoveResult) -> None:

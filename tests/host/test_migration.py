@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
@@ -31,6 +34,8 @@ class Pages:
         self.home = home
 
     def __call__(self, cgroup_dir: Path) -> dict[int, int] | None:
+        if not cgroup_dir.is_dir():
+            return None  # gone: the kernel's reader finds no memory.numa_stat either
         path = str(cgroup_dir.relative_to(self.tree))
         node = self.where.setdefault(path, self.home)
         mems = NodeSet.parse_list((cgroup_dir / "cpuset.mems").read_text())
@@ -190,6 +195,34 @@ def test_a_failed_move_is_shown_and_the_mems_written_again(
     failing.go.set()
     daemon.reconcile()  # written again, through the mover
     assert daemon.migrations.mover.drain(10)
+    daemon.reconcile()
+    assert not any("moving its memory failed" in p for p in daemon.problems)
+    daemon.stop()
+
+
+@pytest.mark.parametrize("then", ["written at once", "cgroup gone"])
+def test_a_failed_moves_problem_ends_when_the_mems_need_no_move_or_the_cgroup_goes(
+    machines: Machines, tmp_path: Path, then: str
+) -> None:
+    """Seen in the systemd guest: a unit's move timed out on a slow systemd, its mems
+    were written later without a move (or the unit stopped), and health kept saying
+    the move failed. The enforcer's own write, or the cgroup's end, settles it."""
+    daemon, pages = _daemon(machines, tmp_path, "static", home=1)
+
+    class Failing(SlowMems):
+        def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+            if cpus is None and mems is not None:
+                raise OSError("injected: no reply from systemd within 5 s")
+            self.inner.write(path, cpus, mems)
+
+    daemon.isolation.cgroups = Failing(daemon.isolation.cgroups)
+    _admit(daemon, "db", memory="1Gi")
+    assert daemon.migrations.mover.drain(10)
+    assert any("moving its memory failed" in p for p in daemon.problems)
+    if then == "written at once":
+        pages.where["numad.slice/db"] = 0  # its pages sit on its node now: nothing to move
+    else:
+        shutil.rmtree(pages.tree / "numad.slice/db")
     daemon.reconcile()
     assert not any("moving its memory failed" in p for p in daemon.problems)
     daemon.stop()
