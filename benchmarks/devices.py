@@ -37,7 +37,7 @@ import itertools
 import random
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +88,6 @@ class Tally:
     switch_local: int = 0  # ... and that got one
     cpus: int = 0
     cpus_local: int = 0
-    depths: list[int] = field(default_factory=list)
 
 
 def host(topo: Topology, gpu_vendor: str, pick: Pick) -> tuple[Engine, Books]:
@@ -106,12 +105,6 @@ def host(topo: Topology, gpu_vendor: str, pick: Pick) -> tuple[Engine, Books]:
     )
 
 
-def depth(devices: DeviceState, addresses: list[str]) -> int:
-    paths = {d.address: d.path for ds in devices.inventory.classes.values() for d in ds}
-    shared = common_path([paths[a] for a in addresses])
-    return 0 if shared is None else shared.depth
-
-
 def switch_set_free(devices: DeviceState, chosen: dict[str, tuple[str, ...]]) -> bool:
     """Whether some free set with the same per-class, per-node counts as ``chosen``
     (the devices just taken count as free) shares a switch."""
@@ -124,14 +117,20 @@ def switch_set_free(devices: DeviceState, chosen: dict[str, tuple[str, ...]]) ->
             free = [d.address for d in devices.free(name) if d.node == n]
             free += [a for a in picked if node[a] == n and a in taken]
             choices.append(list(itertools.combinations(sorted(set(free)), count)))
+    paths = paths_of(devices)
     return any(
-        _kind(devices, [a for part in combo for a in part]) == SWITCH
+        kind(paths, [a for part in combo for a in part]) == SWITCH
         for combo in itertools.product(*choices)
     )
 
 
-def _kind(devices: DeviceState, addresses: list[str]) -> str | None:
-    paths = {d.address: d.path for ds in devices.inventory.classes.values() for d in ds}
+def paths_of(devices: DeviceState) -> dict[str, tuple[str, ...]]:
+    """Every device's PCIe path, by address."""
+    return {d.address: d.path for ds in devices.inventory.classes.values() for d in ds}
+
+
+def kind(paths: dict[str, tuple[str, ...]], addresses: list[str]) -> str | None:
+    """What the devices at ``addresses`` share: SWITCH, a root port, ... or None."""
     shared = common_path([paths[a] for a in addresses])
     return None if shared is None else shared.kind
 
@@ -188,10 +187,9 @@ def churn(topo: Topology, gpu_vendor: str, seed: int, steps: int) -> dict[Pick, 
             if len(flat) < 2:
                 continue
             t.multi += 1
-            t.depths.append(depth(devices, flat))
             if switch_set_free(devices, chosen):
                 t.possible += 1
-                t.switch_local += _kind(devices, flat) == SWITCH
+                t.switch_local += kind(paths_of(devices), flat) == SWITCH
     return tally
 
 
