@@ -8,7 +8,9 @@ values of the wrong type or outside their range, are errors naming the key
     [topology]
     policy = "best-effort"            # none | best-effort | restricted | single-numa-node
     scope = "container"               # container | pod
-    options = { "prefer-closest-numa-nodes" = "true" }   # strings or booleans
+    options = { "prefer-closest-numa-nodes" = "true" }   # strings or booleans; numad's
+                                      # own "align-per-resource" (off): under best-effort,
+                                      # CPUs and memory per device node (README)
 
     [cpu]
     reserved-cpus = "0,16"            # an explicit list, or:

@@ -40,6 +40,10 @@ class PolicyOptions:
     max_numa_nodes: int | None = DEFAULT_MAX_NUMA_NODES
     strategy: Strategy = Strategy.NONE
     weights: Mapping[str, int] | None = None
+    # numad's own (the kubelet has none): under best-effort, a container whose request no
+    # single preferred mask holds gets its CPUs and memory per device node
+    # (numad.placement.groups); off, every placement is the kubelet's.
+    align_per_resource: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +71,10 @@ class Decision:
     lists: tuple[HintList, ...] = field(default=(), repr=False, compare=False)
 
 
-# The Topology Manager's policy options numad knows (parse_options reads each).
+# The Topology Manager's policy options numad knows (parse_options reads each); all but
+# align-per-resource, numad's own, are the kubelet's.
 OPTIONS = (
+    "align-per-resource",
     "max-allowable-numa-nodes",
     "numa-allocation-strategy",
     "numa-score-weights",
@@ -77,7 +83,8 @@ OPTIONS = (
 
 
 def parse_options(policy: Policy, raw: Mapping[str, str]) -> PolicyOptions:
-    """Options as the kubelet's --topology-manager-policy-options spells them."""
+    """Options as the kubelet's --topology-manager-policy-options spells them (and
+    numad's align-per-resource, spelled as they are)."""
     options = PolicyOptions()
     for name, value in raw.items():
         if name == "prefer-closest-numa-nodes":
@@ -88,6 +95,8 @@ def parse_options(policy: Policy, raw: Mapping[str, str]) -> PolicyOptions:
             options = replace(options, strategy=_parse_strategy(value))
         elif name == "numa-score-weights":
             options = replace(options, weights=parse_weights(value))
+        elif name == "align-per-resource":
+            options = replace(options, align_per_resource=_parse_bool(name, value))
         else:
             raise ConfigError(name, f'unknown Topology Manager Policy option: "{name}"')
     return options

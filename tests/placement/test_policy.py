@@ -11,6 +11,7 @@ from numad.placement.hints import Hint, ProviderHints
 from numad.placement.merge import Strategy
 from numad.placement.policy import (
     DEFAULT_MAX_NUMA_NODES,
+    OPTIONS,
     Machine,
     Policy,
     PolicyOptions,
@@ -45,10 +46,25 @@ from numad.placement.policy import (
             PolicyOptions(weights={"cpu": 5, "memory": 1}),
             id="weights-last-wins-empty-skipped",
         ),
+        pytest.param(
+            {"align-per-resource": "true"},
+            PolicyOptions(align_per_resource=True),
+            id="align-per-resource",
+        ),
+        pytest.param(
+            {"align-per-resource": "F", "prefer-closest-numa-nodes": "1"},
+            PolicyOptions(prefer_closest=True),
+            id="align-per-resource-off",
+        ),
     ],
 )
 def test_options_parse(raw: dict[str, str], expected: PolicyOptions) -> None:
     assert parse_options(Policy.BEST_EFFORT, raw) == expected
+
+
+def test_align_per_resource_is_off_by_default_and_known_to_the_config() -> None:
+    assert PolicyOptions().align_per_resource is False
+    assert "align-per-resource" in OPTIONS
 
 
 @pytest.mark.parametrize(
@@ -61,6 +77,11 @@ def test_options_parse(raw: dict[str, str], expected: PolicyOptions) -> None:
             {"prefer-closest-numa-nodes": "yes"},
             'bad value for option "prefer-closest-numa-nodes"',
             id="bool",
+        ),
+        pytest.param(
+            {"align-per-resource": "on"},
+            "align-per-resource: bad value for option \"align-per-resource\": invalid syntax 'on'",
+            id="align-per-resource-bool",
         ),
         pytest.param(
             {"max-allowable-numa-nodes": "x"},
