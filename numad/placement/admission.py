@@ -16,9 +16,11 @@ from enum import StrEnum
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
 from numad.placement.explain import Asked, Explanation, NodeFree, explain
+from numad.placement.groups import Group, cpu_first, groups, memory_weights
 from numad.placement.hints import ProviderHints
 from numad.placement.managers.cpu.state import ContainerKind, CPUState
 from numad.placement.managers.cpu.static import StaticPolicy
+from numad.placement.managers.cpu.topology import CPUTopology
 from numad.placement.managers.device import DeviceState
 from numad.placement.managers.memory import MemoryState
 from numad.placement.policy import Decision, Machine, Policy, PolicyOptions, merge
@@ -70,6 +72,9 @@ class Placement:
     cpus: CPUSet  # exclusive CPUs (empty: shared pool)
     mems: NodeSet  # cpuset.mems (empty: no memory pinning)
     devices: Mapping[str, tuple[str, ...]]
+    # Each device with a node and the CPUs and memory that go with it (groups.groups);
+    # () for a container without such devices, or where no CPU topology was given.
+    groups: tuple[Group, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +165,35 @@ def _allocate(
     books: Books,
     key: tuple[str, str],
     request: ContainerRequest,
-    affinity: NodeSet | None,
+    decision: Decision,
     *,
     donors: Sequence[tuple[str, str]] = (),
 ) -> Books:
+    affinity = decision.affinity
     devices = books.devices.allocate(key, request.devices, affinity, donors)
     near = devices.near(key)  # CPUs local to its devices of locality classes
+    # align-per-resource: a best-effort container that no single preferred mask holds
+    # gets its CPUs and memory per device node first (numad.placement.groups).
+    paired = (
+        devices.located(key)
+        if engine.options.align_per_resource
+        and decision.policy is Policy.BEST_EFFORT
+        and not decision.preferred
+        else ()
+    )
     cpu = books.cpu.allocate(
-        engine.cpu_policy, key, request.cpus, affinity, request.kind, near=near
+        engine.cpu_policy,
+        key,
+        request.cpus,
+        affinity,
+        request.kind,
+        near=near,
+        first=cpu_first(paired, request.cpus) if paired else (),
     )
     memory = books.memory
     if engine.memory_manager:
-        memory = memory.allocate(key, request.memory, affinity)
+        weights = memory_weights(paired) if paired else None
+        memory = memory.allocate(key, request.memory, affinity, weights)
     return Books(cpu, memory, devices)
 
 
@@ -226,7 +248,7 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
                 free=_free(engine, books, container),
             )
         try:
-            books = _allocate(engine, books, key, container, decision.affinity, donors=donors)
+            books = _allocate(engine, books, key, container, decision, donors=donors)
         except AllocationError as err:
             return start, Outcome(
                 False,
@@ -245,7 +267,7 @@ def admit(engine: Engine, books: Books, workload: WorkloadRequest) -> tuple[Book
         if pod_decision is None
         else (_asked(start, _pod_request(workload.name, ordered), POD),)
     )
-    held = placements(books, workload.name)
+    held = placements(books, workload.name, engine.cpu_policy.topo)
     wiring = tuple(
         (name, text) for name, p in held.items() if (text := books.devices.wiring(p.devices))
     )
@@ -313,18 +335,25 @@ def _pod_request(name: str, containers: Sequence[ContainerRequest]) -> Container
     )
 
 
-def placements(books: Books, workload: str) -> dict[str, Placement]:
+def placements(
+    books: Books, workload: str, topo: CPUTopology | None = None
+) -> dict[str, Placement]:
+    """What each container of ``workload`` holds; with ``topo`` (the CPU manager's
+    view), each device's group of CPUs and memory too."""
     names = {k[1] for k in books.cpu.assignments if k[0] == workload}
     names |= {k[1] for k in books.memory.blocks if k[0] == workload}
     names |= {k[1] for k in books.devices.held if k[0] == workload}
-    return {
-        name: Placement(
-            CPUSet.from_bits(books.cpu.assignments.get((workload, name), 0)),
-            books.memory.mems((workload, name)),
-            dict(books.devices.held.get((workload, name), {})),
+    out = {}
+    for name in sorted(names):
+        key = (workload, name)
+        cpus = CPUSet.from_bits(books.cpu.assignments.get(key, 0))
+        paired: tuple[Group, ...] = ()
+        if topo is not None:
+            paired = groups(books.devices.located(key), cpus, books.memory.per_node(key), topo)
+        out[name] = Placement(
+            cpus, books.memory.mems(key), dict(books.devices.held.get(key, {})), paired
         )
-        for name in sorted(names)
-    }
+    return out
 
 
 def release(books: Books, workload: str) -> Books:

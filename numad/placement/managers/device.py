@@ -310,6 +310,18 @@ class DeviceState:
                     mask |= d.local_cpus.bits
         return mask
 
+    def located(self, key: Key) -> tuple[tuple[str, Device], ...]:
+        """``key``'s devices that have a NUMA node, as (class, device), by node, class
+        and address: the order of its aligned pairs (numad.placement.groups)."""
+        held = self.held.get(key, {})
+        found = [
+            (name, d)
+            for name, addresses in held.items()
+            for d in self.inventory.classes.get(name, ())
+            if d.address in addresses and d.node is not None
+        ]
+        return tuple(sorted(found, key=lambda nd: (nd[1].node or 0, nd[0], nd[1].address)))
+
     def wiring(self, devices: Mapping[str, tuple[str, ...]]) -> str:
         """What ``devices`` (class -> addresses, one container's) share in the PCIe tree,
         in words (``locality.wiring``); empty for fewer than two devices."""

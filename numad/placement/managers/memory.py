@@ -37,6 +37,18 @@ Key = tuple[str, str]  # (workload, container)
 Amounts = Mapping[str, int]  # resource -> bytes
 
 
+def page_size(resource: str) -> int:
+    """The bytes of one page of a hugepage resource (``hugepages-2Mi``: 2 MiB); 1 for
+    ``memory``, which is not split in pages."""
+    if not resource.startswith("hugepages-"):
+        return 1
+    size = resource.removeprefix("hugepages-")
+    for unit, factor in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size.endswith(unit) and size[: -len(unit)].isdigit():
+            return int(size[: -len(unit)]) * factor
+    return 1
+
+
 def hugepage_resource(size_kb: int) -> str:
     """``hugepages-2Mi`` for 2048 kB pages, as the kubelet names them."""
     for unit, factor in (("Gi", 1 << 20), ("Mi", 1 << 10)):
@@ -188,6 +200,14 @@ class MemoryState:
                 )
         return found
 
+    def per_node(self, key: Key) -> dict[int, int]:
+        """The container's bytes on each node, every resource together."""
+        out: dict[int, int] = {}
+        for blk in self.blocks.get(key, ()):
+            for node, size in blk.split:
+                out[node] = out.get(node, 0) + size
+        return out
+
     def mems(self, key: Key) -> NodeSet:
         """The container's ``cpuset.mems``: the union of its blocks' nodes."""
         nodes = NodeSet()
@@ -251,7 +271,17 @@ class MemoryState:
 
     # -- allocation (reference 1.6) and release ----------------------------------------------
 
-    def allocate(self, key: Key, request: Amounts, affinity: NodeSet | None) -> MemoryState:
+    def allocate(
+        self,
+        key: Key,
+        request: Amounts,
+        affinity: NodeSet | None,
+        prefer: Mapping[int, int] | None = None,
+    ) -> MemoryState:
+        """One container's blocks, on the mask the kubelet's memory manager chooses.
+        ``prefer`` (node -> weight; align-per-resource): each of its nodes in the mask
+        first takes its weight's share of every amount (``_split``); the mask, and so
+        the group rule and ``cpuset.mems``, stay the same."""
         wanted = {r: v for r, v in request.items() if v > 0}
         if not wanted or key in self.blocks:
             return self
@@ -273,20 +303,37 @@ class MemoryState:
             )
         blocks = []
         for resource, amount in sorted(wanted.items()):
-            split, left = [], amount
-            for node in mask:  # ascending node id, greedy
-                take = min(self.free(node, resource), left)
-                if take:
-                    split.append((node, take))
-                    left -= take
+            split, left = self._split(resource, amount, mask, prefer or {})
             if left:
                 raise AllocationError(
                     subject, f"{left} bytes of {resource} do not fit on nodes {mask}"
                 )
-            blocks.append(Block(resource, mask, tuple(split)))
+            blocks.append(Block(resource, mask, split))
         new_blocks = dict(self.blocks)
         new_blocks[key] = tuple(blocks)
         return replace(self, blocks=MappingProxyType(new_blocks))
+
+    def _split(
+        self, resource: str, amount: int, mask: NodeSet, prefer: Mapping[int, int]
+    ) -> tuple[tuple[tuple[int, int], ...], int]:
+        """``amount`` over ``mask``: 1. each node of ``prefer`` in the mask, its weight's
+        share (in whole pages of a hugepage resource), as much as it has free; 2. the
+        rest greedily by ascending node id (the kubelet's whole rule when ``prefer`` is
+        empty). The split, ascending, and what did not fit."""
+        took = dict.fromkeys(mask, 0)
+        left = amount
+        weights = sum(prefer.values())
+        page = page_size(resource)
+        for node in mask:
+            if prefer.get(node):
+                share = amount * prefer[node] // weights // page * page
+                took[node] = min(self.free(node, resource), share)
+                left -= took[node]
+        for node in mask:  # ascending node id, greedy
+            take = min(self.free(node, resource) - took[node], left)
+            took[node] += take
+            left -= take
+        return tuple((n, b) for n, b in took.items() if b), left
 
     def release(self, workload: str, container: str | None = None) -> MemoryState:
         kept = {

@@ -14,7 +14,7 @@ kubelet (reference/cpu-manager.md section 3):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
@@ -84,9 +84,12 @@ class CPUState:
         kind: ContainerKind = ContainerKind.APP,
         *,
         near: int = 0,
+        first: Sequence[tuple[int, int, int]] = (),
     ) -> CPUState:
         """Exclusive CPUs for one container (an existing assignment is kept); ``near``:
-        CPUs local to its devices, preferred inside its nodes (``StaticPolicy.allocate``)."""
+        CPUs local to its devices, preferred inside its nodes (``StaticPolicy.allocate``).
+        ``first``: (node, count, CPUs near) to take on those nodes before the rest
+        (``_first``; align-per-resource); empty: the kubelet's allocation."""
         if count <= 0 or key in self.assignments:
             return self
         workload = key[0]
@@ -96,9 +99,16 @@ class CPUState:
             # The allocator takes the aligned part first and reports only the rest it
             # could not find (as the kubelet does); the whole request is named here.
             raise not_enough(count, free)
-        cpus = policy.allocate(
-            self.available, count, affinity, reusable=reusable, reserved=self.reserved, near=near
-        )
+        cpus = self._first(policy, count, affinity, reusable, near, first) if first else None
+        if cpus is None:
+            cpus = policy.allocate(
+                self.available,
+                count,
+                affinity,
+                reusable=reusable,
+                reserved=self.reserved,
+                near=near,
+            )
         assignments = dict(self.assignments)
         assignments[key] = cpus
         new = replace(self, assignments=MappingProxyType(assignments))
@@ -109,6 +119,52 @@ class CPUState:
                 "reserve fewer CPUs or ask for fewer exclusive CPUs",
             )
         return new._reuse_after(workload, cpus, kind)
+
+    def _first(  # noqa: PLR0917 - allocate's arguments, passed on
+        self,
+        policy: StaticPolicy,
+        count: int,
+        affinity: NodeSet | None,
+        reusable: int,
+        near: int,
+        first: Sequence[tuple[int, int, int]],
+    ) -> int | None:
+        """``count`` CPUs, on each node of ``first`` as many as it asks there or has free
+        (each part through the allocator, nearest its CPUs near), the rest as
+        ``StaticPolicy.allocate`` takes them in ``affinity``. None where that fails or
+        would leave the shared pool empty where the plain allocation may not: the
+        caller then allocates as the kubelet does, so the option never rejects."""
+        taken = 0
+        try:
+            for node, wanted, local in first:
+                on_node = policy.topo.numa.get(node, 0) & ~taken
+                pool, reuse = self.available & on_node, reusable & on_node
+                take = min(wanted, (pool | reuse).bit_count())
+                if policy.options.full_pcpus_only and policy.topo.cpus_per_core:
+                    take -= take % policy.topo.cpus_per_core  # whole cores, as the option asks
+                if take > 0:
+                    taken |= policy.allocate(
+                        pool,
+                        take,
+                        NodeSet([node]),
+                        reusable=reuse,
+                        reserved=self.reserved,
+                        near=local,
+                    )
+            rest = count - taken.bit_count()
+            if rest > 0:
+                taken |= policy.allocate(
+                    self.available & ~taken,
+                    rest,
+                    affinity,
+                    reusable=reusable & ~taken,
+                    reserved=self.reserved,
+                    near=near,
+                )
+        except AllocationError:
+            return None
+        pool = self.online & ~(self.exclusive | taken) & ~(self.reserved if self.strict else 0)
+        return taken if taken.bit_count() == count and pool else None
 
     def _reuse_after(self, workload: str, cpus: int, kind: ContainerKind) -> CPUState:
         reusable = self._reusable_for(workload)
