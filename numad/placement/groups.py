@@ -5,9 +5,10 @@ devices that have a NUMA node, in the order (node, class, address), each get an
 equal share of its exclusive CPUs (``shares``). Two uses:
 
 * Admission under the Topology Manager option ``align-per-resource`` asks the CPU
-  manager for each device node's shares there first (``cpu_first``) and the memory
-  manager for each device node's share of every amount (``memory_weights``), when
-  no single preferred mask holds a best-effort container's request.
+  manager for the devices' shares on their nodes first, near their local CPUs
+  (``cpu_first``), and the memory manager for each device node's share of every
+  amount (``memory_weights``), when no single preferred mask holds a best-effort
+  container's request.
 * ``groups`` reads the pairs back from what a container holds (its devices, CPUs
   and memory per node, from the books: restored workloads have them too), so
   ``show`` and ``numad run`` can say which CPUs and memory belong with which device.
@@ -52,16 +53,17 @@ def _node(device: Device) -> int:
 
 
 def cpu_first(devices: Located, count: int) -> tuple[tuple[int, int, int], ...]:
-    """What to take first of ``count`` CPUs, per device node, ascending: (node, the
-    shares of its devices, the CPUs local to them), for ``CPUState.allocate``."""
-    wanted: dict[int, int] = {}
-    near: dict[int, int] = {}
+    """What to take first of ``count`` CPUs, for ``CPUState.allocate``: (node, how
+    many, the CPUs to take them near), one entry per node and set of local CPUs
+    (``local_cpulist``) of its devices, in the devices' order, with the shares of
+    those devices. Where a device's local CPUs are narrower than its node (an L3
+    group, a sub-NUMA cluster) each such set is asked for on its own."""
+    wanted: dict[tuple[int, int], int] = {}
     for (_, device), share in zip(devices, shares(count, len(devices)), strict=True):
-        node = _node(device)
-        wanted[node] = wanted.get(node, 0) + share
         local = device.local_cpus.bits if device.local_cpus is not None else 0
-        near[node] = near.get(node, 0) | local
-    return tuple((n, wanted[n], near[n]) for n in sorted(wanted) if wanted[n])
+        where = (_node(device), local)
+        wanted[where] = wanted.get(where, 0) + share
+    return tuple((node, n, local) for (node, local), n in wanted.items() if n)
 
 
 def memory_weights(devices: Located) -> dict[int, int]:
