@@ -382,6 +382,10 @@ def test_a_cgroup_that_is_no_workloads_stays_off_exclusive_cpus(numad: Daemon) -
 
 
 def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon) -> None:
+    if not EXPECT.get("crash"):
+        # Three numad starts, 45-50 s of a 150 s boot under emulation: what a crash may
+        # leave depends on the kernel line and the cgroup version, not on the machine.
+        pytest.skip("the crash check runs in the 2node boots only (test_vm.py CRASH_CASES)")
     # A deterministic point first: after the checkpoint and the shared pool's write,
     # before the exclusive set's.
     numad.kill()

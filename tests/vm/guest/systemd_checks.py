@@ -356,18 +356,32 @@ def host_sets() -> tuple[CPUSet, CPUSet]:
     return CPUSet.parse_list(view["exclusive"]), CPUSet.parse_list(view["shared"])
 
 
+@contextlib.contextmanager
+def hog_running() -> Iterator[int]:
+    """The hog runs (its pid) only while it is sampled, and is stopped (SIGSTOP) the rest
+    of the boot: under TCG every guest CPU shares one host thread, and a busy loop left
+    running took 470 s of a 590 s boot's emulation, timing it rather than numad. Its
+    cgroup, and so what the kernel allows it, are the same stopped or running."""
+    systemctl("kill", "--signal=SIGCONT", f"{HOG}.service")
+    try:
+        time.sleep(0.2)  # scheduled again before the first sample
+        yield main_pid(f"{HOG}.service")
+    finally:
+        systemctl("kill", "--signal=SIGSTOP", f"{HOG}.service")
+
+
 def hog_stays_off(exclusive: CPUSet, shared: CPUSet, when: str, samples: int = 300) -> None:
     """systemd agrees with numad on system.slice, and the hog never runs on an
     exclusive CPU: neither allowed to nor seen there over ``samples`` samples."""
     assert exclusive, "nothing exclusive: the check would prove nothing"
     assert systemd_cpus(prop("system.slice", "AllowedCPUs")) == shared, when
     assert CPUSet.parse_list(cpuset("system.slice", "cpus")) == shared, when
-    pid = main_pid(f"{HOG}.service")
-    assert not allowed(pid)[0] & exclusive, (when, allowed(pid))
     seen = []
-    for _ in range(samples):
-        seen.append(processor(pid))
-        time.sleep(0.002)
+    with hog_running() as pid:
+        assert not allowed(pid)[0] & exclusive, (when, allowed(pid))
+        for _ in range(samples):
+            seen.append(processor(pid))
+            time.sleep(0.002)
     on_exclusive = [cpu for cpu in seen if cpu in exclusive]
     figure(
         check=f"hog {when}",
@@ -381,6 +395,7 @@ def hog_stays_off(exclusive: CPUSet, shared: CPUSet, when: str, samples: int = 3
 
 def test_a_cpu_hog_in_system_slice_never_runs_on_exclusive_cpus() -> None:
     run_transient(HOG, "sh", "-c", "while :; do :; done", slice_="system.slice")
+    systemctl("kill", "--signal=SIGSTOP", f"{HOG}.service")  # runs while sampled (hog_running)
     exclusive, shared = host_sets()
     assert not CPUSet.parse_list(cpuset("system.slice", "cpus")) & exclusive  # numad's own write
 
@@ -475,7 +490,9 @@ def anon(cgroup: str) -> dict[int, int]:
 
 def memory_follows(name: str, memory: str | None) -> None:
     """A service touches 64 MiB on a node numad will not place it on; admitted, at
-    least 95% of it is on its own node within 10 s, and the API answers meanwhile."""
+    least 95% of it is on its own node within 10 s, and the API answers meanwhile
+    (both bounds stretched by the host's measured slowdown: a busy CI host once took
+    1.42 s for one answer during a move that passed alone)."""
     cgroup = f"numad.slice/{name}.service"
     spec: dict[str, Any] = {"name": name, "cgroup": cgroup, "cpus": 1}
     if memory:
@@ -500,7 +517,7 @@ def memory_follows(name: str, memory: str | None) -> None:
     while True:
         now = anon(cgroup)
         share = sum(now.get(n, 0) for n in target) / (sum(now.values()) or 1)
-        if share >= 0.95 or time.monotonic() - started > 10:
+        if share >= 0.95 or time.monotonic() - started > 10 * SLOWDOWN:
             break
         during.append(_timed_show(name))  # takes numad's lock, as an admission does
     took = time.monotonic() - started
@@ -523,7 +540,7 @@ def memory_follows(name: str, memory: str | None) -> None:
     assert share >= 0.95, (f"{share:.0%} on {target} after {took:.1f} s", now, shown["memory"])
     assert shown["memory"]["locality"] >= 0.95, shown["memory"]
     assert shown["memory"]["moves"], shown["memory"]
-    assert max(during, default=0) <= max(1.0, 3 * max(baseline)), (baseline, during)
+    assert max(during, default=0) <= max(SLOWDOWN, 3 * max(baseline)), (baseline, during)
     systemctl("stop", f"{name}.service")
 
 
@@ -538,22 +555,11 @@ def _timed_show(name: str) -> float:
     return time.monotonic() - start
 
 
-@pytest.fixture
-def hog_paused() -> Iterator[None]:
-    """The hog stopped while memory moves: under TCG the guest's CPUs share one host
-    thread, and a busy loop on them would be timed, not numad."""
-    systemctl("kill", "--signal=SIGSTOP", f"{HOG}.service")
-    yield
-    systemctl("kill", "--signal=SIGCONT", f"{HOG}.service")
-
-
-@pytest.mark.usefixtures("hog_paused")
 def test_memory_follows_a_workload_whose_mems_numad_narrows() -> None:
     """Memory policy static: numad pins the memory to the placement's node."""
     memory_follows("mem-static", "32Mi")
 
 
-@pytest.mark.usefixtures("hog_paused")
 def test_memory_is_pulled_for_a_workload_whose_mems_numad_leaves_alone() -> None:
     """No memory request, so numad restricts no mems (as under memory policy none):
     the pages are pulled onto the CPUs' node with migrate_pages(2)."""
@@ -765,7 +771,7 @@ def systemd_reply_times() -> dict[str, float]:
 
 def test_stop_is_clean() -> None:
     replies = systemd_reply_times()
-    figure(check="systemd reply times under the hog", **replies)
+    figure(check="systemd reply times", **replies)
     assert replies["answered"] > 0, replies  # numad asked systemd, and timed each answer
     systemctl("stop", UNIT)
     state = show(UNIT, "ActiveState", "Result", "ExecMainStatus", "MainPID")
@@ -791,7 +797,8 @@ def test_stop_is_clean() -> None:
             if f"on '/{unit}'" in line and "No space left on device" in line
         ]
         assert not failed, failed
-    assert allowed(main_pid(f"{HOG}.service"))[0] == online
-    seen = CPUSet(processor(main_pid(f"{HOG}.service")) for _ in range(100))
+    with hog_running() as hog:
+        assert allowed(hog)[0] == online
+        seen = CPUSet(processor(hog) for _ in range(100))
     figure(check="hog after numad stopped", cpus_seen=str(seen), online=str(online))
     systemctl("stop", f"{HOG}.service")
