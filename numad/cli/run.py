@@ -4,7 +4,9 @@ Edge module, registered by ``numad.cli.commands``. Admits the workload through t
 daemon's API, makes its cgroup directory where the service manager would have
 (and removes it again), runs the command there with its argv untouched, and
 releases the workload when the command exits, fails to start, or numad run is
-signalled (SIGINT, SIGTERM, SIGHUP are passed on to the command while it runs).
+signalled (SIGINT, SIGTERM, SIGHUP are passed on to the command while it runs). The
+command learns which CPUs and memory go with each of its devices from variables
+(``device_env``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -111,7 +114,7 @@ def run_command(args: argparse.Namespace) -> int:
             )
         print(f"numad: {name}: {where}; running {args.cmd[0]}", file=sys.stderr)
         sys.stderr.flush()
-        return _child(cgroup, args.cmd)
+        return _child(cgroup, args.cmd, device_env(placed))
     except _Signalled as stop:
         return 128 + stop.signum
     finally:
@@ -163,9 +166,35 @@ def _end(socket: str, name: str, where: tuple[Path, Path], *, held: bool, made: 
         _remove(where[1], where[0])
 
 
-def _child(cgroup: Path, cmd: list[str]) -> int:
-    """Run ``cmd`` in ``cgroup`` (it joins before exec); its exit status, 128+N for a
-    signal N. SIGINT, SIGTERM and SIGHUP are passed on to it while it runs."""
+def device_env(placed: Mapping[str, Any]) -> dict[str, str]:
+    """The command's variables for its devices' groups (the admit answer's ``groups``),
+    so it can pin a thread per device: per class ``NUMAD_GPU_COUNT``, and per device,
+    numbered in the groups' order within its class, ``NUMAD_GPU_0_DEVICE`` (the PCI
+    address), ``_NODE``, ``_CPUS`` (a CPU list, empty for none) and ``_MEMORY`` (bytes
+    on its node). The class name upper-cased, anything but letters and digits as _."""
+    env: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for group in placed.get("groups") or ():
+        name = _ENV_UNSAFE.sub("_", str(group.get("class", "")).upper())
+        index = counts.get(name, 0)
+        counts[name] = index + 1
+        prefix = f"NUMAD_{name}_{index}_"
+        env[prefix + "DEVICE"] = str(group.get("device", ""))
+        env[prefix + "NODE"] = str(group.get("node", ""))
+        env[prefix + "CPUS"] = str(group.get("cpus", ""))
+        env[prefix + "MEMORY"] = str(group.get("memory", 0))
+    for name, count in counts.items():
+        env[f"NUMAD_{name}_COUNT"] = str(count)
+    return env
+
+
+_ENV_UNSAFE = re.compile(r"[^A-Z0-9]")
+
+
+def _child(cgroup: Path, cmd: list[str], env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` in ``cgroup`` (it joins before exec), with ``env`` added to its
+    environment; its exit status, 128+N for a signal N. SIGINT, SIGTERM and SIGHUP are
+    passed on to it while it runs."""
     # Blocked from before the fork until the command has ended, and taken one by one
     # (``_wait``): a handler could not stop a waitpid that a signal came just before
     # (under two CPU hogs 1 signalled run in 80: the signal waited 30 s for the command).
@@ -185,6 +214,7 @@ def _child(cgroup: Path, cmd: list[str]) -> int:
         _restore(old - set(_FORWARDED), chld_ignored=chld_ignored)
         try:
             (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            os.environ.update(env or {})  # the child's own copy
             os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command
         except OSError as err:
             print(f"numad: {cmd[0]}: {err.strerror}", file=sys.stderr)

@@ -65,7 +65,8 @@ def _explained(answer: Mapping[str, Any], containers: Mapping[str, Any]) -> list
     explained = answer.get("explained") or []
     if len(explained) <= 1:
         lines = _parts(answer)
-        lines += [f"{c}: {placement(held)}" for c, held in containers.items()]
+        for c, held in containers.items():
+            lines += [f"{c}: {placement(held)}", *_groups(held, "  ")]
         return lines
     lines = [_parts(answer)[0]]
     for each in explained:
@@ -75,6 +76,7 @@ def _explained(answer: Mapping[str, Any], containers: Mapping[str, Any]) -> list
         lines += _indent(rest)
         if container in containers:
             lines.append(f"  placed: {placement(containers[container])}")
+            lines += _groups(containers[container], "    ")
     return lines
 
 
@@ -101,6 +103,7 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
             f"    memory   {_mems(c.get('mems'))}",
             f"    devices  {_devices(c.get('devices') or {})}",
         ]
+        lines += _groups(c, "    ")
     return lines
 
 
@@ -179,6 +182,31 @@ def placement(held: Mapping[str, Any]) -> str:
     if devices:
         words.append(f"devices {_devices(devices)}")
     return ", ".join(words)
+
+
+def _groups(held: Mapping[str, Any], indent: str) -> list[str]:
+    """Each device with the CPUs and memory that go with it, one a line:
+    "with gpu 0000:1b:00.0 (node 0): cpus 2-3, memory 1Gi", and "some CPUs off
+    node 0" where not all of its CPUs are on its node (memory only where it has some)."""
+    lines = []
+    for g in held.get("groups") or ():
+        node = g.get("node", "?")
+        words = [f"cpus {g.get('cpus') or _NONE}"]
+        if g.get("memory"):
+            words.append(f"memory {_size(g['memory'])}")
+        if g.get("cpus") and not g.get("local"):
+            words.append(f"some CPUs off node {node}")
+        head = f"with {g.get('class', '?')} {g.get('device', '?')} (node {node})"
+        lines.append(f"{indent}{head}: {', '.join(words)}")
+    return lines
+
+
+def _size(n: int) -> str:
+    """Bytes as the glossary words sizes: the largest unit that holds one, one decimal."""
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + unit
+    return f"{n}B"
 
 
 def _mems(mems: object) -> str:

@@ -1,12 +1,13 @@
 """The API's answers about admission outcomes, as JSON values: the placement of each
-container and the decision explained (the whole text, and each container's parts).
+container (with its devices' groups) and the decision explained (the whole text, and
+each container's parts).
 Used by the API, the views and the offline plan."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from numad.placement.admission import Outcome
+from numad.placement.admission import Outcome, Placement
 
 
 def explained_json(outcome: Outcome) -> dict[str, Any]:
@@ -48,7 +49,29 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
                 "cpus": p.cpus.format_list(),
                 "mems": p.mems.format_list(),
                 "devices": {k: list(v) for k, v in p.devices.items()},
+                **groups_json(p),
             }
             for name, p in outcome.placements.items()
         },
+    }
+
+
+def groups_json(placed: Placement | None) -> dict[str, Any]:
+    """``{"groups": [...]}``: each device with a node and the CPUs and memory that go
+    with it (numad.placement.groups), in their order; empty (no key) for a container
+    without such devices."""
+    if placed is None or not placed.groups:
+        return {}
+    return {
+        "groups": [
+            {
+                "class": g.device_class,
+                "device": g.device,
+                "node": g.node,
+                "cpus": g.cpus.format_list(),
+                "memory": g.memory,
+                "local": g.local,
+            }
+            for g in placed.groups
+        ]
     }

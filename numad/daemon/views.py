@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon.answers import explained_json
+from numad.daemon.answers import explained_json, groups_json
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
@@ -54,7 +54,7 @@ class Views:
                 return Outcome(
                     True,
                     () if before is None else before.decisions,
-                    placements(held.books, spec.name),
+                    placements(held.books, spec.name, held.engine.cpu_policy.topo),
                     asks=() if before is None else before.asks,
                     held=True,
                     wiring=() if before is None else before.wiring,
@@ -124,7 +124,7 @@ class Views:
             if name not in held.specs:
                 raise WorkloadError(name, "no such workload")
             spec = held.specs[name]
-            placed = placements(held.books, name)
+            placed = placements(held.books, name, held.engine.cpu_policy.topo)
             pool = CPUSet.from_bits(held.books.cpu.shared_pool)
             containers = {}
             for c in spec.containers:
@@ -135,6 +135,7 @@ class Views:
                     "exclusive": bool(p is not None and p.cpus),
                     "mems": p.mems.format_list() if p is not None else "",
                     "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
+                    **groups_json(p),
                 }
             shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
             if spec.unit is not None:

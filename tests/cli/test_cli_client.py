@@ -19,6 +19,8 @@ import pytest
 
 from numad.cli.demo import CONFIG, MACHINE
 from numad.cli.main import main
+from numad.cli.run import device_env
+from numad.cpuset import CPUSet
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines
 from tests.daemon.test_daemon_e2e import Numad
@@ -177,6 +179,59 @@ def test_run(daemon: Numad, argv: list[str], status: int, out: str) -> None:
     assert "Traceback" not in stderr
     assert stderr.splitlines()[-1] == "numad: r1: released"
     _gone(daemon, "r1")
+
+
+def test_run_tells_the_command_each_devices_cpus(daemon: Numad) -> None:
+    """The command's environment names each device with its node and CPUs (the admit
+    answer's groups): the 2 engines sit on node 0 and split its 2 CPUs."""
+    script = "env | grep ^NUMAD_ | sort"
+    argv = ["--cpus", "2", "--device", "vector-engine=2", "--name", "r5", "--", "sh", "-c"]
+    proc = _numad_run(daemon, *argv, script)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    env = dict(line.split("=", 1) for line in stdout.splitlines())
+    assert env["NUMAD_VECTOR_ENGINE_COUNT"] == "2"
+    assert set(env) == {"NUMAD_VECTOR_ENGINE_COUNT"} | {
+        f"NUMAD_VECTOR_ENGINE_{i}_{what}"
+        for i in (0, 1)
+        for what in ("DEVICE", "NODE", "CPUS", "MEMORY")
+    }
+    devices = [env[f"NUMAD_VECTOR_ENGINE_{i}_DEVICE"] for i in (0, 1)]
+    assert devices == sorted(devices)
+    cpus = [CPUSet.parse_list(env[f"NUMAD_VECTOR_ENGINE_{i}_CPUS"]) for i in (0, 1)]
+    assert [len(c) for c in cpus] == [1, 1]
+    assert (cpus[0] | cpus[1]).issubset(CPUSet.parse_list("0-7,16-23"))
+    assert [env[f"NUMAD_VECTOR_ENGINE_{i}_NODE"] for i in (0, 1)] == ["0", "0"]
+    assert [env[f"NUMAD_VECTOR_ENGINE_{i}_MEMORY"] for i in (0, 1)] == ["0", "0"]  # no pinning
+    _gone(daemon, "r5")
+
+
+def test_device_env_numbers_each_class_in_the_groups_order() -> None:
+    group = {"node": 1, "cpus": "4-5", "memory": 1 << 30, "local": True}
+    placed = {
+        "groups": [
+            {**group, "class": "gpu", "device": "0000:9d:00.0"},
+            {**group, "class": "rdma.nic/x", "device": "0000:9e:00.0", "cpus": ""},
+            {**group, "class": "gpu", "device": "0000:9f:00.0"},
+        ]
+    }
+    assert device_env(placed) == {
+        "NUMAD_GPU_0_DEVICE": "0000:9d:00.0",
+        "NUMAD_GPU_0_NODE": "1",
+        "NUMAD_GPU_0_CPUS": "4-5",
+        "NUMAD_GPU_0_MEMORY": str(1 << 30),
+        "NUMAD_RDMA_NIC_X_0_DEVICE": "0000:9e:00.0",
+        "NUMAD_RDMA_NIC_X_0_NODE": "1",
+        "NUMAD_RDMA_NIC_X_0_CPUS": "",
+        "NUMAD_RDMA_NIC_X_0_MEMORY": str(1 << 30),
+        "NUMAD_GPU_1_DEVICE": "0000:9f:00.0",
+        "NUMAD_GPU_1_NODE": "1",
+        "NUMAD_GPU_1_CPUS": "4-5",
+        "NUMAD_GPU_1_MEMORY": str(1 << 30),
+        "NUMAD_GPU_COUNT": "2",
+        "NUMAD_RDMA_NIC_X_COUNT": "1",
+    }
+    assert device_env({"cpus": "2"}) == {}  # no devices: nothing added
 
 
 def test_run_rejected_removes_its_cgroup(daemon: Numad) -> None:

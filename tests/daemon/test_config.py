@@ -55,7 +55,11 @@ def test_every_value_can_be_set() -> None:
         "topology": {
             "policy": "single-numa-node",
             "scope": "pod",
-            "options": {"prefer-closest-numa-nodes": True, "max-allowable-numa-nodes": "4"},
+            "options": {
+                "prefer-closest-numa-nodes": True,
+                "max-allowable-numa-nodes": "4",
+                "align-per-resource": False,
+            },
         },
         "cpu": {"reserved-cpus": "0,16-17", "options": {"full-pcpus-only": False}},
         "memory": {"policy": "none", "reserved": {"1": {"memory": "1Gi"}}},
@@ -68,7 +72,11 @@ def test_every_value_can_be_set() -> None:
     assert parse(raw) == Config(
         policy=Policy.SINGLE_NUMA_NODE,
         scope=Scope.POD,
-        topology_options={"prefer-closest-numa-nodes": "true", "max-allowable-numa-nodes": "4"},
+        topology_options={
+            "prefer-closest-numa-nodes": "true",
+            "max-allowable-numa-nodes": "4",
+            "align-per-resource": "false",
+        },
         reserved_cpus="0,16-17",
         cpu_options={"full-pcpus-only": False},
         memory_static=False,
@@ -196,8 +204,8 @@ def test_unknown_keys_are_still_named() -> None:
     [
         pytest.param(
             "topology",
-            "max-allowable-numa-nodes, numa-allocation-strategy, numa-score-weights, "
-            "prefer-closest-numa-nodes",
+            "align-per-resource, max-allowable-numa-nodes, numa-allocation-strategy, "
+            "numa-score-weights, prefer-closest-numa-nodes",
             id="topology",
         ),
         pytest.param(

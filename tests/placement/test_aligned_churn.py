@@ -12,7 +12,10 @@ second such container), a quarter CPU-heavy ones without devices that fill a nod
 
 After every step: the on and shadow outcomes admit alike, decide alike and pick the
 same devices (for a workload's first container: a later one sees different CPUs
-held by the first); every container holds exactly its CPUs and memory amounts, on
+held by the first); the off engine on its own books admits alike too (here a
+best-effort rejection is a shortage of CPUs, devices or pages in all, which the
+option does not change; with other shapes the books may part, as with any change
+of CPUs); every container holds exactly its CPUs and memory amounts, on
 the memory manager's mask; no CPU is held twice; each container's groups partition
 its CPUs in share sizes; paired containers hold, on each device node n, exactly
 min(S_n, F_n) locally paired CPUs, where S_n is the shares of n's devices and F_n
