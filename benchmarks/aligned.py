@@ -128,7 +128,9 @@ def request(rng: random.Random, name: str, gpus: int) -> WorkloadRequest:
     return WorkloadRequest(name, (container,), Policy.BEST_EFFORT)
 
 
-def count(tally: Tally, topo: CPUTopology, placed: Placement, memory: int, spanning: bool) -> None:
+def count(
+    tally: Tally, topo: CPUTopology, placed: Placement, memory: int, *, spanning: bool
+) -> None:
     """One admitted container's pairs (see the module's docstring); ``memory``: the
     bytes it asked for."""
     if not placed.groups:
