@@ -18,11 +18,15 @@ from numad.daemon.service import build
 from numad.errors import CgroupError
 from numad.host.scratch import scratch_mkdir
 from numad.topology.record import load_fixture
-from tests.vm import progress
+from tests.vm import progress, schedule
 
 
 def pytest_configure(config: pytest.Config) -> None:
     progress.install(config)  # a line per VM as it finishes (tests/vm/progress.py)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    schedule.vm_first(items)  # the boots start at once (tests/vm/schedule.py)
 
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
