@@ -40,40 +40,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # devices.py: the machines and arrivals
+
+from devices import MACHINES, host, request, seeds  # noqa: E402
 
 from numad.hostfs import HostFS  # noqa: E402
-from numad.placement.admission import (  # noqa: E402
-    Books,
-    ContainerRequest,
-    Engine,
-    Placement,
-    WorkloadRequest,
-    admit,
-    release,
-)
-from numad.placement.managers.cpu.state import CPUState  # noqa: E402
-from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy  # noqa: E402
+from numad.placement.admission import Placement, admit, release  # noqa: E402
 from numad.placement.managers.cpu.topology import CPUTopology  # noqa: E402
-from numad.placement.managers.device import (  # noqa: E402
-    DeviceClass,
-    DeviceInventory,
-    DeviceState,
-)
-from numad.placement.managers.memory import MemoryState, MemoryTable  # noqa: E402
-from numad.placement.policy import Machine, Policy, PolicyOptions  # noqa: E402
+from numad.placement.managers.device import Pick  # noqa: E402
+from numad.placement.policy import Policy, PolicyOptions  # noqa: E402
 from numad.topology.discover import discover  # noqa: E402
 from numad.topology.model import Topology  # noqa: E402
 from numad.topology.record import load_fixture  # noqa: E402
-
-GIB = 1 << 30
-MACHINES = {
-    "dgx-like (8 GPU, 8 NIC)": (
-        ROOT / "fixtures/sysfs/224intel64-2pa56co2t+8gpu8nic-dgxlike.tar.bz2",
-        "0x10de",
-    ),
-    "2-socket, 8 VE (recorded)": (ROOT / "numad/data/32intel64-2p8co2t+8ve.tar.bz2", "0x1bcf"),
-}
-NIC_VENDOR = "0x15b3"
 
 
 @dataclass
@@ -102,32 +80,6 @@ class Tally:
     seconds: list[float] = field(default_factory=list)
 
 
-def host(topo: Topology, gpu_vendor: str, *, align: bool) -> tuple[Engine, Books]:
-    view = CPUTopology.from_topology(topo)
-    policy = StaticPolicy(view, StaticOptions())
-    reserved = policy.reserve(2)
-    options = PolicyOptions(align_per_resource=align)
-    engine = Engine(Machine(topo.node_ids), policy, options=options)
-    classes = [DeviceClass("gpu", vendor=gpu_vendor), DeviceClass("nic", vendor=NIC_VENDOR)]
-    devices = DeviceState(DeviceInventory.build(topo, classes))
-    return engine, Books(
-        CPUState(view.all, reserved), MemoryState(MemoryTable.build(topo)), devices
-    )
-
-
-def request(rng: random.Random, name: str, gpus: int) -> WorkloadRequest:
-    """benchmarks/devices.py's arrival (the same draws), under best-effort."""
-    want = {"gpu": rng.choice([n for n in (1, 2, 4, 8) if n <= gpus]), "nic": rng.choice((0, 1))}
-    container = ContainerRequest(
-        "main",
-        rng.choice((2, 4, 8)),
-        {"memory": rng.choice((1, 2, 4)) * GIB},
-        {k: v for k, v in want.items() if v},
-    )
-    rng.choice((Policy.BEST_EFFORT, Policy.SINGLE_NUMA_NODE))  # devices.py's draw, unused
-    return WorkloadRequest(name, (container,), Policy.BEST_EFFORT)
-
-
 def count(
     tally: Tally, topo: CPUTopology, placed: Placement, memory: int, *, spanning: bool
 ) -> None:
@@ -147,7 +99,10 @@ def count(
 
 def churn(topo: Topology, gpu_vendor: str, seed: int, steps: int) -> dict[bool, Tally]:
     rng = random.Random(seed)  # noqa: S311 - a seeded, repeatable stream, no secrets
-    hosts = {align: host(topo, gpu_vendor, align=align) for align in (False, True)}
+    hosts = {
+        align: host(topo, gpu_vendor, Pick.LOCALITY, PolicyOptions(align_per_resource=align))
+        for align in (False, True)
+    }
     books = {align: b for align, (_, b) in hosts.items()}
     gpus = len(books[False].devices.inventory.classes["gpu"])
     tally = {align: Tally() for align in hosts}
@@ -157,7 +112,7 @@ def churn(topo: Topology, gpu_vendor: str, seed: int, steps: int) -> dict[bool, 
             gone = admitted.pop(rng.randrange(len(admitted)))
             books = {a: release(b, gone) for a, b in books.items()}
             continue
-        wanted = request(rng, f"w{step}", gpus)
+        wanted = request(rng, f"w{step}", gpus, Policy.BEST_EFFORT)
         ok = {}
         for align, (engine, _) in hosts.items():
             started = time.perf_counter()
@@ -180,11 +135,6 @@ def churn(topo: Topology, gpu_vendor: str, seed: int, steps: int) -> dict[bool, 
             continue
         admitted.append(wanted.name)
     return tally
-
-
-def seeds(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
 
 
 def merged(tallies: list[Tally]) -> Tally:

@@ -62,7 +62,7 @@ from numad.placement.managers.device import (  # noqa: E402
     Pick,
 )
 from numad.placement.managers.memory import MemoryState, MemoryTable  # noqa: E402
-from numad.placement.policy import Machine, Policy  # noqa: E402
+from numad.placement.policy import Machine, Policy, PolicyOptions  # noqa: E402
 from numad.topology.discover import discover  # noqa: E402
 from numad.topology.model import Topology  # noqa: E402
 from numad.topology.pcie import SWITCH, common_path  # noqa: E402
@@ -90,11 +90,17 @@ class Tally:
     cpus_local: int = 0
 
 
-def host(topo: Topology, gpu_vendor: str, pick: Pick) -> tuple[Engine, Books]:
+def host(
+    topo: Topology, gpu_vendor: str, pick: Pick, options: PolicyOptions | None = None
+) -> tuple[Engine, Books]:
+    """An engine and empty books for ``topo``: 2 CPUs reserved, the memory manager on,
+    the classes "gpu" (``gpu_vendor``) and "nic" picking by ``pick``."""
     view = CPUTopology.from_topology(topo)
     policy = StaticPolicy(view, StaticOptions())
     reserved = policy.reserve(2)
-    engine = Engine(Machine(topo.node_ids), policy, memory_manager=True)
+    engine = Engine(
+        Machine(topo.node_ids), policy, options=options or PolicyOptions(), memory_manager=True
+    )
     classes = [
         DeviceClass("gpu", vendor=gpu_vendor, pick=pick),
         DeviceClass("nic", vendor=NIC_VENDOR, pick=pick),
@@ -135,7 +141,11 @@ def kind(paths: dict[str, tuple[str, ...]], addresses: list[str]) -> str | None:
     return None if shared is None else shared.kind
 
 
-def request(rng: random.Random, name: str, gpus: int) -> WorkloadRequest:
+def request(
+    rng: random.Random, name: str, gpus: int, policy: Policy | None = None
+) -> WorkloadRequest:
+    """An arrival; ``policy`` overrides the drawn one (the draws stay the same, so
+    benchmarks/aligned.py sees the same stream under best-effort)."""
     want = {"gpu": rng.choice([n for n in (1, 2, 4, 8) if n <= gpus]), "nic": rng.choice((0, 1))}
     container = ContainerRequest(
         "main",
@@ -143,8 +153,8 @@ def request(rng: random.Random, name: str, gpus: int) -> WorkloadRequest:
         {"memory": rng.choice((1, 2, 4)) * GIB},
         {k: v for k, v in want.items() if v},
     )
-    policy = rng.choice((Policy.BEST_EFFORT, Policy.SINGLE_NUMA_NODE))
-    return WorkloadRequest(name, (container,), policy)
+    drawn = rng.choice((Policy.BEST_EFFORT, Policy.SINGLE_NUMA_NODE))
+    return WorkloadRequest(name, (container,), policy or drawn)
 
 
 def churn(topo: Topology, gpu_vendor: str, seed: int, steps: int) -> dict[Pick, Tally]:
