@@ -43,7 +43,7 @@ class FakeDaemon:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = _answer  # noqa: N815 - the stdlib's names
+            do_GET = do_POST = do_DELETE = do_PATCH = _answer  # noqa: N815 - the stdlib's names
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's
                 return None

@@ -1,5 +1,5 @@
-"""The daemon's commands: ``serve`` and the clients ``admit``, ``release``, ``list``,
-``show``, ``explain``, ``plan``, ``host``, ``run``.
+"""The daemon's commands: ``serve`` and the clients ``admit``, ``release``, ``resize``,
+``list``, ``show``, ``explain``, ``plan``, ``host``, ``run``.
 
 Edge module, registered by ``numad.cli.main``. Each client prints text for people
 (``numad.cli.textout``) and, with ``--json``, the daemon's answer exactly. ``serve
@@ -102,6 +102,22 @@ def add_commands(sub: Any) -> None:
                 help="also write a picture (SVG) of the machine and who holds each CPU to FILE",
             )
         p.set_defaults(command=command)
+    resize = _client(sub, "resize", "resize a workload's container in place: CPUs, memory")
+    resize.description = (
+        "Resize a workload's container in place. Growing keeps every CPU it holds and adds"
+        " the free ones nearest them (same core, same L3 group, same NUMA node, then, under"
+        " best-effort or none, other nodes); shrinking keeps a compact subset. Memory stays"
+        " on its nodes. All or nothing: refused (exit status 3), nothing changes."
+    )
+    resize.add_argument("name", type=_workload, metavar="NAME", help="the workload")
+    resize.add_argument(
+        "--cpus", type=_count, metavar="N", help="exclusive CPUs it holds after the resize"
+    )
+    resize.add_argument("--memory", type=_memory, metavar="SIZE", help="its memory, like 4Gi")
+    resize.add_argument(
+        "--container", metavar="C", help="the container (default: its only app container)"
+    )
+    resize.set_defaults(command=_resize)
     _client(sub, "list", "list admitted workloads").set_defaults(command=_list)
     host = _client(sub, "host", "show host isolation: isolated cgroups, what cannot be moved")
     host.set_defaults(command=_host)
@@ -112,7 +128,8 @@ def add_commands(sub: Any) -> None:
         description="Admit a transient workload, run CMD in its cgroup, release it when "
         "CMD exits (or numad run is interrupted); exit with CMD's status.",
         usage="numad run [-h] [--cpus N] [--memory SIZE] [--device CLASS=N]\n"
-        "                 [--policy POLICY] [--name NAME] [--socket PATH] -- CMD [ARG ...]",
+        "                 [--policy POLICY] [--name NAME] [--movable] [--socket PATH]\n"
+        "                 -- CMD [ARG ...]",
     )
     _request_options(run, cpus_default=1, name_default="run-PID")
     run.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
@@ -156,6 +173,12 @@ def _request_options(
         "single-numa-node (default: the host's)",
     )
     p.add_argument("--name", help=f"the workload's name (default: {name_default})")
+    p.add_argument(
+        "--movable",
+        action="store_true",
+        help="numad may move its exclusive CPUs and memory to other CPUs or nodes that meet"
+        " its policy, to admit another workload (re-placement is not built yet)",
+    )
 
 
 def _cpus(text: str) -> int | str:
@@ -166,6 +189,12 @@ def _cpus(text: str) -> int | str:
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a CPU count; give N exclusive CPUs (4) or a share like 500m"
     )
+
+
+def _count(text: str) -> int:
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a CPU count; give a whole number")
 
 
 def _memory(text: str) -> str:
@@ -230,7 +259,8 @@ def _admit(args: argparse.Namespace) -> int:
     if (args.spec is None) == (args.unit is None):
         args.usage_error("give a SPEC file or --unit UNIT (one of them)")
     if args.spec is not None:
-        given = [o for o in ("cpus", "memory", "device", "policy", "name") if getattr(args, o)]
+        options = ("cpus", "memory", "device", "policy", "name", "movable")
+        given = [o for o in options if getattr(args, o)]
         if given:
             args.usage_error(f"--{given[0]} goes with --unit; a spec file says it itself")
         text, kind = _read_spec(args.spec)
@@ -318,6 +348,22 @@ def _of_unit(socket: str, unit: str) -> str:
         if w.get("unit") == unit:
             return str(w["name"])
     raise NumadError(unit, "no workload holds this unit", "numad list shows the workloads")
+
+
+def _resize(args: argparse.Namespace) -> int:
+    if args.cpus is None and args.memory is None:
+        args.usage_error("give --cpus, --memory or both")
+    body = {"cpus": args.cpus, "memory": args.memory, "container": args.container}
+    text = json.dumps({k: v for k, v in body.items() if v is not None})
+    try:
+        answer = request(_socket(args), "PATCH", workload_path(args.name), text)
+    except APIError as err:
+        if err.status != 409:
+            raise
+        _say(args, err.body, [str(err.body.get("error", {}).get("message", err.problem))])
+        return REJECTED
+    _say(args, answer, textout.resized(answer))
+    return 0
 
 
 def _show(args: argparse.Namespace) -> int:

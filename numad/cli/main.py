@@ -10,7 +10,8 @@ No input ends in a traceback: every error is one line on stderr,
     0  done (``plan``: the spec would be admitted)
     1  an error: a file, the daemon's socket, the daemon's answer, the machine
     2  a usage error: the command's usage, then one ``numad: COMMAND: ...`` line
-    3  rejected: ``plan``, ``admit`` or ``run`` of a workload the machine cannot hold now
+    3  rejected: ``plan``, ``admit`` or ``run`` of a workload the machine cannot hold now,
+       or a ``resize`` refused
     130  interrupted (Ctrl-C)
 
 ``numad run`` exits with its command's status (128+N for a signal N). A
@@ -147,7 +148,8 @@ def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="numad",
         description="A NUMA resource manager for Linux hosts.",
-        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run)."
+        epilog="Exit status: 0 done, 1 error, 2 usage error, 3 rejected (plan, admit, run,"
+        " resize)."
         " Red Hat numad's placement advice, as libvirt asks for it: numad -w NCPUS[:MB]"
         " prints the NUMA nodes that best fit a guest of NCPUS vCPUs and MB MiB (advice:"
         " nothing is admitted).",

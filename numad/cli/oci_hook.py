@@ -39,7 +39,7 @@ from numad.workload.units import slice_cgroup
 
 PREFIX = "numad.io/"
 JOURNAL_ID = "numad-oci-hook"  # journalctl -t numad-oci-hook
-KEYS = ("cpus", "memory", "devices", "policy", "on-reject")
+KEYS = ("cpus", "memory", "devices", "policy", "on-reject", "movable")
 FAIL, RUN = "fail", "run"
 CREATE_STAGES = ("createRuntime", "prestart")  # both run in the runtime's namespaces
 POSTSTOP = "poststop"
@@ -233,6 +233,10 @@ def workload_request(container: Container) -> dict[str, Any] | str:
         spec["devices"] = _devices(container, notes[PREFIX + "devices"])
     if PREFIX + "policy" in notes:
         spec["policy"] = notes[PREFIX + "policy"]  # the daemon names the policies
+    if (movable := notes.get(PREFIX + "movable")) is not None:
+        if movable not in ("true", "false"):
+            raise _bad(container, "movable", movable, 'use "true" or "false"')
+        spec["movable"] = movable == "true"
     return spec
 
 

@@ -53,6 +53,8 @@ def spec_of(args: argparse.Namespace, **where: str) -> dict[str, Any]:
     spec |= {k: v for k, v in optional.items() if v}
     if args.name:
         spec["name"] = args.name
+    if getattr(args, "movable", False):
+        spec["movable"] = True
     return spec
 
 

@@ -32,6 +32,16 @@ def admitted(answer: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def resized(answer: Mapping[str, Any]) -> list[str]:
+    """``resize``: a line naming what changed, then the workload as ``show`` prints it."""
+    shown = answer.get("workload") or {}
+    name, container = shown.get("name", "?"), answer.get("resized", "?")
+    who = f"{name}/{container}" if len(shown.get("containers") or {}) > 1 else name
+    changes = [f"cpus {answer[k]} {k}" for k in ("added", "removed") if answer.get(k)]
+    head = f"{who}: resized" + (f"; {', '.join(changes)}" if changes else "")
+    return [head, *workload(shown)]
+
+
 def rejected(name: str, answer: Mapping[str, Any]) -> list[str]:
     """A rejection (``admit``, ``plan``, ``run``): the explanation, one part a line."""
     lines = _explained(answer, {})
@@ -87,6 +97,8 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
     if shown.get("unit"):
         lines.append(f"  unit      {shown['unit']}")
     lines.append(f"  cgroup    {shown.get('cgroup') or _NONE}")
+    if shown.get("movable"):
+        lines.append("  movable   numad may move it to admit another workload")
     if shown.get("unplaced"):
         lines.append(f"  unplaced  {shown['unplaced']}")
     if shown.get("outside"):
@@ -108,16 +120,18 @@ def workload(shown: Mapping[str, Any]) -> list[str]:
 
 
 def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
-    """``list``: one row per container, columns aligned (UNIT where any workload has one)."""
+    """``list``: one row per container, columns aligned (UNIT where any workload has one,
+    MOVABLE where any is movable)."""
     if not workloads:
         return ["no workloads admitted"]
     units = any(w.get("unit") for w in workloads)
+    movable = any(w.get("movable") for w in workloads)
     head = ("NAME", "STATE", "CONTAINER", "CPUS", "MEMORY", "DEVICES", "CGROUP")
-    rows: list[tuple[str, ...]] = [head + ("UNIT",) * units]
+    rows: list[tuple[str, ...]] = [head + ("UNIT",) * units + ("MOVABLE",) * movable]
     for w in workloads:
         for name, c in (w.get("containers") or {}).items():
             cpus = c.get("cpus") or _NONE
-            row = (
+            row: tuple[str, ...] = (
                 str(w.get("name", "?")),
                 str(w.get("state", "?")),
                 name,
@@ -126,7 +140,8 @@ def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
                 _devices(c.get("devices") or {}),
                 c.get("cgroup") or w.get("cgroup") or _NONE,
             )
-            rows.append(row + (str(w.get("unit") or _NONE),) * units)
+            row += (str(w.get("unit") or _NONE),) * units
+            rows.append(row + ("yes" if w.get("movable") else "no",) * movable)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()

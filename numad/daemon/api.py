@@ -11,6 +11,7 @@ Edge module. Routes (status codes of DESIGN section 4):
     GET    /v1/workloads/NAME            show: 200 | 404
     GET    /v1/workloads/NAME/explain    why it was placed so: 200 | 404
     DELETE /v1/workloads/NAME            release: 200 | 404
+    PATCH  /v1/workloads/NAME            resize in place: 200 | 409 refused | 400 | 404
     POST   /v1/plan                      what admission would do, changing nothing: 200 | 422
 
 Errors are ``{"error": {"code", "message"}}``; a rejection adds ``explanation``.
@@ -85,6 +86,7 @@ class Backend(Protocol):
     def show(self, name: str) -> dict[str, Any]: ...
     def explain(self, name: str) -> dict[str, Any]: ...
     def release(self, name: str) -> None: ...
+    def resize(self, name: str, raw: bytes) -> tuple[int, dict[str, Any]]: ...
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> Answer:
@@ -141,6 +143,9 @@ class _Handler(BoundedHandler):
     def do_DELETE(self) -> None:  # noqa: N802 - the stdlib's name
         self._dispatch("DELETE")
 
+    def do_PATCH(self) -> None:  # noqa: N802 - the stdlib's name
+        self._dispatch("PATCH")
+
     def _not_allowed(self) -> None:
         body = self._read_body()
         if isinstance(body, tuple):
@@ -150,7 +155,7 @@ class _Handler(BoundedHandler):
                 *_error(405, "method_not_allowed", f"request: {self.command} is not allowed")
             )
 
-    do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815 - the stdlib's names
+    do_PUT = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815 - the stdlib's names
 
     def _dispatch(self, method: str) -> None:
         daemon = self.server.daemon
@@ -202,7 +207,7 @@ class _Handler(BoundedHandler):
     def _route(self, method: str, parts: list[str], raw: bytes) -> Answer:
         daemon = self.server.daemon
         if parts[:2] == ["v1", "workloads"] and len(parts) in (3, 4):
-            return self._workload(method, parts[2], parts[3:])
+            return self._workload(method, parts[2], parts[3:], raw)
         views: dict[tuple[str, ...], Callable[[], dict[str, Any]]] = {
             ("v1", "topology"): lambda: to_json(daemon.topology),
             ("v1", "host"): daemon.host,
@@ -215,8 +220,10 @@ class _Handler(BoundedHandler):
             return self._post_spec(parts[1], raw)
         return self._no_route(method)
 
-    def _workload(self, method: str, name: str, rest: list[str]) -> Answer:
+    def _workload(self, method: str, name: str, rest: list[str], raw: bytes) -> Answer:
         daemon = self.server.daemon
+        if not rest and method == "PATCH":
+            return daemon.resize(name, raw)
         if not rest and method == "GET":
             return 200, daemon.show(name)
         if rest == ["explain"] and method == "GET":

@@ -85,6 +85,11 @@ class Metrics:
         self.rejections = Counter(
             "numad_admission_rejections", "Refused admissions by reason.", ["reason"], registry=r
         )
+        self.resizes = Counter(
+            "numad_resizes", "Resizes in place (PATCH) by outcome.", ["outcome"], registry=r
+        )
+        for outcome in ("resized", "refused"):  # pre-created at 0
+            self.resizes.labels(outcome)
         self.cpu_pinning_requests = Counter(
             "numad_cpu_manager_pinning_requests",
             "Allocations that needed exclusive CPUs.",

@@ -28,6 +28,7 @@ from numad.daemon.holdings import Holdings, TimedLock
 from numad.daemon.loops import Supervisor
 from numad.daemon.metrics import Metrics
 from numad.daemon.reconcile import Reconciler
+from numad.daemon.resizes import Resizes
 from numad.daemon.restore import choose_reserved, distances
 from numad.daemon.resume import resume
 from numad.daemon.views import Views
@@ -141,6 +142,8 @@ class Daemon:
         self.nrt, self.host, self.memory_of = self.views.nrt, self.views.host, self.views.memory_of
         self.update_gauges = self.views.update_gauges
         self.isolate_new = self.commits.isolate_new
+        parts = (held, self.commits, self.views, self.metrics, log, self.update_gauges)
+        self.resize = Resizes(*parts).resize  # PATCH /v1/workloads/NAME
 
     # The shared state, read where the API, the page and tests look for it.
     @property

@@ -137,7 +137,12 @@ class Views:
                     "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
                     **groups_json(p),
                 }
-            shown: dict[str, Any] = {"name": name, "cgroup": spec.cgroup, "containers": containers}
+            shown: dict[str, Any] = {
+                "name": name,
+                "cgroup": spec.cgroup,
+                "movable": spec.movable,
+                "containers": containers,
+            }
             if spec.unit is not None:
                 shown["unit"] = spec.unit
                 shown["via"] = self.isolation.via(spec.cgroup)

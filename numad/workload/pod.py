@@ -32,6 +32,7 @@ from numad.workload.shape import (
 
 CGROUP_ANNOTATION = "numad.io/cgroup"
 POLICY_ANNOTATION = "numad.io/topology-policy"
+MOVABLE_ANNOTATION = "numad.io/movable"  # "true": numad may move it (WorkloadSpec.movable)
 _NOT_DEVICES = frozenset({"cpu", MEMORY, "ephemeral-storage", "storage"})
 
 
@@ -69,6 +70,10 @@ def read_pod(reader: Reader, doc: Mapping[str, object]) -> WorkloadSpec:
     if POLICY_ANNOTATION in notes:
         where = member("metadata.annotations", POLICY_ANNOTATION)
         policy = r.policy(notes[POLICY_ANNOTATION], where)
+    movable = False
+    if MOVABLE_ANNOTATION in notes:
+        where = member("metadata.annotations", MOVABLE_ANNOTATION)
+        movable = r.flag(notes[MOVABLE_ANNOTATION], where, text=True)
     spec = r.table(r.required(doc, "spec", ""), "spec")
     parsed = [
         _pod_container(r, item, f"spec.{key}[{i}]", init=key == "initContainers")
@@ -78,7 +83,7 @@ def read_pod(reader: Reader, doc: Mapping[str, object]) -> WorkloadSpec:
     guaranteed = all(c.guaranteed() for c in parsed)
     containers = tuple(_container_spec(r, c, guaranteed=guaranteed) for c in parsed)
     r.check_containers(containers, [c.where for c in parsed])
-    return WorkloadSpec(name, cgroup, policy, containers)
+    return WorkloadSpec(name, cgroup, policy, containers, movable=movable)
 
 
 def _pod_list(r: Reader, spec: Mapping[str, object], key: str, *, required: bool) -> list[object]:

@@ -49,6 +49,7 @@ _TOP_FIELDS = (
     "unit",
     "policy",
     "transient",
+    "movable",
     "containers",
     "cpus",
     "memory",
@@ -143,6 +144,15 @@ class Reader:
         choices = ", ".join(p.value for p in Policy)
         raise self.fail(where, f"{show(value)} is not a topology policy", f"use one of {choices}")
 
+    def flag(self, value: object, where: str, *, text: bool = False) -> bool:
+        """A true/false field; with ``text`` (an annotation's value), "true"/"false"."""
+        if isinstance(value, bool) and not text:
+            return value
+        if text and value in ("true", "false"):
+            return value == "true"
+        wanted = '"true" or "false"' if text else "true or false"
+        raise self.fail(where, f"expected {wanted}, got {show(value)}")
+
     # -- numad's own shape ---------------------------------------------------------------
 
     def native(self, doc: Mapping[str, object]) -> WorkloadSpec:
@@ -163,9 +173,10 @@ class Reader:
             raise r.fail("transient", f"expected true or false, got {type_name(transient)}")
         if transient and unit is not None:
             raise r.fail("transient", "a unit is not transient", "systemd releases its cgroup")
+        movable = r.flag(doc.get("movable", False), "movable")
         if "containers" not in doc:
             main = r.resources(doc, "", DEFAULT_CONTAINER, "", ContainerKind.APP)
-            return WorkloadSpec(name, cgroup, policy, (main,), unit, transient)
+            return WorkloadSpec(name, cgroup, policy, (main,), unit, transient, movable)
         beside = [k for k in doc if k in _RESOURCE_FIELDS or k.startswith(HUGEPAGES)]
         if beside:
             raise r.fail(member("", beside[0]), "not allowed beside containers", "move it into one")
@@ -178,7 +189,7 @@ class Reader:
         wheres = [f"containers[{i}]" for i in range(len(items))]
         containers = tuple(r.container(item, w) for item, w in zip(items, wheres, strict=True))
         r.check_containers(containers, wheres)
-        return WorkloadSpec(name, cgroup, policy, containers, unit, transient)
+        return WorkloadSpec(name, cgroup, policy, containers, unit, transient, movable)
 
     def container(self, value: object, where: str) -> ContainerSpec:
         doc = self.table(value, where)

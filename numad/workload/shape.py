@@ -6,7 +6,7 @@ records (``to_dict``). Pure; read from text by ``numad.workload.reader``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -52,6 +52,9 @@ class WorkloadSpec:
     # Released once its cgroups have been empty for the grace period (numad run, an
     # OCI container): its client may die without releasing it.
     transient: bool = False
+    # numad may move its exclusive CPUs and memory to other CPUs or nodes that meet its
+    # own policy, to admit another workload (re-placement: not built yet).
+    movable: bool = False
 
     def container_cgroup(self, container: ContainerSpec) -> str:
         """The container's cgroup, relative to the cgroup root."""
@@ -66,6 +69,28 @@ class WorkloadSpec:
             ),
             self.policy,
         )
+
+    def container(self, name: str | None) -> ContainerSpec | None:
+        """The container named ``name``; None: its only app container. None when there
+        is no such container, or no name was given and it has more than one app one."""
+        if name is not None:
+            return next((c for c in self.containers if c.name == name), None)
+        apps = [c for c in self.containers if c.kind is ContainerKind.APP]
+        return apps[0] if len(apps) == 1 else None
+
+    def resized(self, name: str, cpus: int | None, memory: int | None) -> WorkloadSpec:
+        """The spec with container ``name`` asking for ``cpus`` exclusive CPUs and
+        ``memory`` bytes (None: as it asks now)."""
+        out = []
+        for c in self.containers:
+            if c.name == name:
+                amounts = dict(c.memory)
+                if memory is not None:
+                    amounts[MEMORY] = memory
+                cpus_now = c.exclusive_cpus if cpus is None else cpus
+                c = replace(c, exclusive_cpus=cpus_now, memory=frozen(amounts))  # noqa: PLW2901
+            out.append(c)
+        return replace(self, containers=tuple(out))
 
     def notes(self) -> list[str]:
         """What the spec asks for that a reader may not expect: a request of one CPU or
@@ -95,6 +120,8 @@ class WorkloadSpec:
             out["policy"] = self.policy.value
         if self.transient:
             out["transient"] = True
+        if self.movable:
+            out["movable"] = True
         only = self.containers[0] if len(self.containers) == 1 else None
         default = (DEFAULT_CONTAINER, "", ContainerKind.APP)
         if only and (only.name, only.cgroup, only.kind) == default:

@@ -169,7 +169,13 @@ def test_usage_errors(capsys: Capture, argv: list[str], command: str, problem: s
     _usage(capsys, argv, command, problem)
 
 
-POSITIONAL = {"plan": ["x.toml"], "show": ["x"], "explain": ["x"], "record-fixture": ["x.tgz"]}
+POSITIONAL = {
+    "plan": ["x.toml"],
+    "show": ["x"],
+    "explain": ["x"],
+    "resize": ["x"],
+    "record-fixture": ["x.tgz"],
+}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -248,6 +254,7 @@ CLIENTS = [
     pytest.param(["explain", "db"], id="explain"),
     pytest.param(["release", "db"], id="release"),
     pytest.param(["release", "--unit", "db.service"], id="release-unit"),
+    pytest.param(["resize", "db", "--cpus", "2"], id="resize"),
     pytest.param(["host"], id="host"),
     pytest.param(["admit", "--unit", "db.service", "--cpus", "2"], id="admit-unit"),
     pytest.param(["run", "--cpus", "1", "--", "true"], id="run"),

@@ -108,6 +108,9 @@ class _Stub:
     def release(self, name: str) -> None:
         return
 
+    def resize(self, name: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        return 200, {"resized": name}
+
 
 def _threads(status: Path = Path("/proc/self/status")) -> int:
     """The OS threads of a process, whichever code started them."""
