@@ -4,7 +4,8 @@ write (``tests.campaign.world`` says which).
 
 The modules: ``world`` (the simulation and the invariants), ``faults`` (the wrapped
 cgroup backend), and the steps. Inside numad's own life (``steps``): admit,
-release, cgroups created and removed, CPUs offline and online, vector engines
+release, resize in place (grow and shrink; also inside the crash and checkpoint
+fault steps), cgroups created and removed, CPUs offline and online, vector engines
 leaving, clock past the release grace, config changes, restarts, crashes at
 cgroup writes and inside checkpoint writes, injected cgroup and checkpoint
 faults, exceptions in the loops. Around it (``outages``): cgroups gone while
@@ -31,6 +32,7 @@ __all__ = ["MACHINE", "STEPS", "Crash", "Faults", "Simulation", "Violation", "ru
 STEPS: dict[str, tuple[int, Callable[[Simulation], None]]] = {
     "admit": (30, steps.admit),
     "release": (12, steps.release),
+    "resize": (8, steps.resize),
     "cgroup churn": (8, steps.cgroup_churn),
     "hotplug": (8, steps.hotplug),
     "device churn": (3, steps.device_churn),

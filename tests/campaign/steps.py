@@ -1,4 +1,4 @@
-"""The fault campaign's steps inside numad's own life: admit, release, cgroup
+"""The fault campaign's steps inside numad's own life: admit, release, resize, cgroup
 create and remove, CPU offline and online (hotplug), vector engines leaving and
 coming back, clock advance past the release grace, config change and restart,
 crash and restart, and faults (cgroup EBUSY/EINVAL/ENOSPC/EACCES, checkpoint
@@ -8,6 +8,7 @@ hotplug loops). Each takes the ``Simulation`` and may raise ``Crash``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Any
@@ -53,6 +54,36 @@ def release(sim: Simulation) -> None:
             raise Violation(f"{name}: checkpoint failed but released in memory") from None
         if was_answered:
             sim.answered.add(name)
+
+
+def resize(sim: Simulation) -> None:
+    """An admitted exclusive workload grows or shrinks in place (PATCH): a refusal
+    changes neither the books nor the checkpoint; a grow keeps every CPU it held, a
+    shrink keeps a subset; a failed checkpoint write leaves the books as they were."""
+    daemon = sim.daemon
+    held = daemon.books.cpu.assignments
+    names = sorted(n for n in daemon.specs if held.get((n, "main")))
+    if not names:
+        return
+    name = sim.rng.choice(names)
+    before, books = held[(name, "main")], daemon.books
+    cpus = sim.rng.choice((1, 2, 3, 4, 6, 8, 12))
+    written = sim.checkpoint_bytes()
+    try:
+        status, answer = daemon.resize(name, json.dumps({"cpus": cpus}).encode())
+    except CheckpointError:
+        sim.expect(daemon.books is books, f"{name}: checkpoint failed but resized in memory")
+        return
+    sim.expect(status in (200, 409), f"{name}: resize answered {status}: {answer}")
+    sim.resizes["resized" if status == 200 else "refused"] += 1
+    after = daemon.books.cpu.assignments.get((name, "main"), 0)
+    if status == 409:
+        sim.expect(daemon.books is books, f"{name}: refused resize changed the books")
+        sim.expect(sim.checkpoint_bytes() == written, f"{name}: refused resize wrote")
+        return
+    sim.expect(after.bit_count() == cpus, f"{name}: resized to {after.bit_count()}, not {cpus}")
+    grew, shrank = after & before == before, after & ~before == 0
+    sim.expect(grew or shrank, f"{name}: resize both added and removed CPUs")
 
 
 def cgroup_churn(sim: Simulation) -> None:
@@ -125,15 +156,17 @@ def checkpoint_fault(sim: Simulation) -> None:
     fault = sim.rng.choice(list(durable.Fault))
     sim.faults.injected[f"checkpoint {fault}"] += 1
     sim.daemon.syscalls = durable.Syscalls.injecting(fault)
+    roll = sim.rng.random()
     try:
-        (admit if sim.rng.random() < 0.6 else release)(sim)
+        (admit if roll < 0.5 else release if roll < 0.8 else resize)(sim)
     finally:
         sim.daemon.syscalls = durable.SYSCALLS
 
 
 def crash_soon(sim: Simulation) -> None:
     sim.faults.crash_in = sim.rng.randrange(0, 3)
-    (admit if sim.rng.random() < 0.6 else release)(sim)
+    roll = sim.rng.random()
+    (admit if roll < 0.5 else release if roll < 0.8 else resize)(sim)
     sim.faults.crash_in = -1
 
 
@@ -145,7 +178,8 @@ def crash_in_checkpoint(sim: Simulation) -> None:
         raise Crash
 
     sim.daemon.syscalls = durable.Syscalls(write=dying)
-    (admit if sim.rng.random() < 0.6 else release)(sim)
+    roll = sim.rng.random()
+    (admit if roll < 0.5 else release if roll < 0.8 else resize)(sim)
 
 
 def restart(sim: Simulation) -> None:

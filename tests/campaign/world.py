@@ -87,6 +87,7 @@ class Simulation:
         self.steps = 0
         self.checks = 0
         self.admitted = 0
+        self.resizes: Counter[str] = Counter()  # resize steps answered, by outcome
         self.daemon = self._start()
 
     # -- the daemon's life ---------------------------------------------------------------
@@ -180,6 +181,12 @@ class Simulation:
         self.checks += 1
         if not holds:
             raise Violation(f"step {self.steps}: {broken}")
+
+    def checkpoint_bytes(self) -> bytes | None:
+        try:
+            return (self.root / "var/lib/numad" / state.FILE).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def checkpoint(self) -> state.Checkpoint | None:
         try:

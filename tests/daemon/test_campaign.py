@@ -13,10 +13,12 @@ import os
 from collections.abc import Callable
 from decimal import Context
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import pytest
 
-from numad.daemon import reconcile, state
+from numad.daemon import reconcile, resizes, state
 from numad.errors import CheckpointError
 from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
@@ -103,6 +105,59 @@ def test_a_crash_inside_any_checkpoint_write_breaks_no_promise(
         sim.settle()
 
 
+def _resize_scenario(sim: Simulation) -> list[int]:
+    """The scenario's workloads (w2: 6 CPUs, w3: 500m, w4: 8; on node 0), then resizes:
+    a shrink, a grow, two grows past the node (refused), a shrink, each moving CPUs
+    between a workload and the pool; the statuses answered."""
+    _scenario(sim)
+    answered = []
+    for name, cpus in (("w4", 2), ("w2", 10), ("w2", 20), ("w4", 5), ("w2", 3)):
+        status, answer = sim.daemon.resize(name, json.dumps({"cpus": cpus}).encode())
+        assert status in (200, 409), answer
+        answered.append(status)
+    return answered
+
+
+def test_a_crash_at_any_cgroup_write_of_a_resize_breaks_no_promise(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The resize scenario once to count its writes, then a crash at each write after
+    the admissions', a restart, and the promises checked."""
+    clean = Simulation(machines.root(MACHINE), tmp_path / "clean", seed=0)
+    _scenario(clean)
+    first = clean.writes
+    counted = Simulation(machines.root(MACHINE), tmp_path / "counted", seed=0)
+    assert _resize_scenario(counted) == [200, 200, 409, 409, 200]
+    assert counted.writes > first + 4
+    for at in range(first, counted.writes):
+        sim = Simulation(machines.root(MACHINE), tmp_path / f"crash{at}", seed=0)
+        sim.writes = 0
+        sim.faults.crash_in = at
+        with contextlib.suppress(Crash):
+            _resize_scenario(sim)
+            raise AssertionError(f"no crash at write {at}")  # pragma: no cover
+        sim.restart()
+        sim.check(f"after a crash at write {at}")
+        sim.settle()
+
+
+def _moves_cpus_on_resize(mp: pytest.MonkeyPatch) -> None:
+    """A resize that swaps a CPU it held for a free one (no grow keeps all then)."""
+    core = resizes.resize
+
+    def swapping(engine: Any, books: Any, key: Any, **kw: Any) -> Any:
+        done = core(engine, books, key, **kw)
+        now, free = done.books.cpu.assignments.get(key, 0), done.books.cpu.available
+        if done.refused or not now or not free:
+            return done
+        held = dict(done.books.cpu.assignments)
+        held[key] = (now & (now - 1)) | (free & -free)  # its lowest CPU for a free one
+        cpu = dataclasses.replace(done.books.cpu, assignments=MappingProxyType(held))
+        return dataclasses.replace(done, books=dataclasses.replace(done.books, cpu=cpu))
+
+    mp.setattr(resizes, "resize", swapping)
+
+
 def _stops_at_a_failed_commit(mp: pytest.MonkeyPatch) -> None:
     """Before: a pass on a full state disk retried the commit and stopped there."""
     whole = reconcile.Reconciler._pass
@@ -166,6 +221,10 @@ BROKEN = [
     pytest.param(
         Broken(hostile.hostile_numbers, _converts_huge_integers, "raised Overflow"),
         id="huge-integer-converted",
+    ),
+    pytest.param(
+        Broken(steps.resize, _moves_cpus_on_resize, "both added and removed CPUs"),
+        id="resize-moves-cpus",
     ),
 ]
 
