@@ -23,6 +23,7 @@ from numad.errors import CheckpointError
 from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
 from numad.host.targets import Scan
+from numad.placement.resize import resize
 from numad.workload import quantity, reader
 from tests.campaign import MACHINE, Crash, Simulation, Violation, hostile, outages, run, steps
 from tests.conftest import Machines
@@ -143,10 +144,9 @@ def test_a_crash_at_any_cgroup_write_of_a_resize_breaks_no_promise(
 
 def _moves_cpus_on_resize(mp: pytest.MonkeyPatch) -> None:
     """A resize that swaps a CPU it held for a free one (no grow keeps all then)."""
-    core = resizes.resize
 
     def swapping(engine: Any, books: Any, key: Any, **kw: Any) -> Any:
-        done = core(engine, books, key, **kw)
+        done = resize(engine, books, key, **kw)
         now, free = done.books.cpu.assignments.get(key, 0), done.books.cpu.available
         if done.refused or not now or not free:
             return done
