@@ -624,6 +624,7 @@ def test_a_unit_admitted_by_name_is_followed_across_restart_stop_and_start() -> 
     systemctl("start", DB_UNIT)
     assert allowed(main_pid(DB_UNIT)) == placed
     figure(check="unit by name", placed=str(placed[0]), mems=str(placed[1]))
+    resize_a_running_unit(found["name"], placed)
 
     numad_cli("release", "--unit", DB_UNIT)
     assert found["name"] not in workloads()
@@ -631,6 +632,37 @@ def test_a_unit_admitted_by_name_is_followed_across_restart_stop_and_start() -> 
     wait_for(lambda: unit_allowed(DB_UNIT)[0] == shared, "the released unit on the shared pool")
     systemctl("stop", DB_UNIT)
     wait_for(lambda: unit_allowed(DB_UNIT) == (CPUSet(), NodeSet()), "its settings reset")
+
+
+def resize_a_running_unit(name: str, placed: tuple[CPUSet, NodeSet]) -> None:
+    """Issue 28 item 3 on a real systemd: the running unit grown to 2 CPUs keeps its own
+    and gets a second, then shrunk back to 1 of those; each time systemd's
+    AllowedCPUs= and the process's allowed CPUs follow, and its process keeps running."""
+    pid = main_pid(DB_UNIT)
+    started = time.monotonic()
+    grown = json.loads(numad_cli("resize", name, "--cpus", "2", "--json"))
+    cpus = CPUSet.parse_list(grown["containers"]["main"]["cpus"])
+    assert placed[0].issubset(cpus), (placed, grown)  # keeps the CPU it had
+    assert len(cpus) == 2, grown
+    wait_for(lambda: unit_allowed(DB_UNIT)[0] == cpus, "systemd to give the unit its 2 CPUs")
+    wait_for(lambda: allowed(pid)[0] == cpus, "the unit's process on its 2 CPUs")
+    grew = time.monotonic() - started
+    started = time.monotonic()
+    shrunk = json.loads(numad_cli("resize", name, "--cpus", "1", "--json"))
+    kept = CPUSet.parse_list(shrunk["containers"]["main"]["cpus"])
+    assert kept.issubset(cpus), (cpus, shrunk)
+    assert len(kept) == 1, shrunk
+    wait_for(lambda: unit_allowed(DB_UNIT)[0] == kept, "systemd to give the unit 1 CPU")
+    wait_for(lambda: allowed(pid)[0] == kept, "the unit's process on 1 CPU")
+    assert main_pid(DB_UNIT) == pid  # resized in place, never restarted
+    assert CPUSet.parse_list(cpuset(DB_CGROUP, "cpus")) == kept
+    figure(
+        check="resize a running unit",
+        grown=str(cpus),
+        grow_seconds=round(grew, 2),
+        shrunk=str(kept),
+        shrink_seconds=round(time.monotonic() - started, 2),
+    )
 
 
 # -- containers started with podman, numad's hook loaded from the package (one boot) -------
