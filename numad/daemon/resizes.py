@@ -149,7 +149,7 @@ class Resizes:
             new = spec.resized(container.name, ask.cpus, ask.memory)
             specs = {**held.specs, name: new}
             self.commits.commit(result.books, specs)  # before any cgroup change
-            self.commits.crash_point("resize:after-checkpoint")
+            self._step("checkpoint")
             held.books, held.specs = result.books, specs
             self.commits.after_commit(lambda: self.commits.enforce(self._step, changed=new))
             self.update_gauges()

@@ -122,9 +122,7 @@ def _cpus(  # noqa: PLR0917 - resize's parts, passed on
     else:
         kept = shrink(topo, held, have - cpus)
         changed, added, removed = kept, 0, held & ~kept
-    assignments = dict(books.cpu.assignments)
-    assignments[key] = changed
-    cpu = replace(books.cpu, assignments=MappingProxyType(assignments))
+    cpu = books.cpu.reassigned(key, changed)
     if not cpu.shared_pool:
         raise AllocationError("cpus", "taking them would leave the shared pool empty")
     return replace(books, cpu=cpu), added, removed

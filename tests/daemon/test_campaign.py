@@ -71,15 +71,23 @@ def test_a_crash_at_any_cgroup_write_breaks_no_promise(machines: Machines, tmp_p
     _scenario(clean)
     writes = clean.writes
     assert writes > 10
-    for at in range(writes):
-        sim = Simulation(machines.root(MACHINE), tmp_path / f"crash{at}", seed=0)
+    _crash_at_each_write(machines, tmp_path, _scenario, range(writes))
+
+
+def _crash_at_each_write(
+    machines: Machines, tmp_path: Path, scenario: Callable[[Simulation], object], at: range
+) -> None:
+    """``scenario`` on a fresh simulation once per write of ``at``, crashed at that
+    write; then a restart, the promises checked, and the daemon settled."""
+    for write in at:
+        sim = Simulation(machines.root(MACHINE), tmp_path / f"crash{write}", seed=0)
         sim.writes = 0
-        sim.faults.crash_in = at
+        sim.faults.crash_in = write
         with contextlib.suppress(Crash):
-            _scenario(sim)
-            raise AssertionError(f"no crash at write {at}")  # pragma: no cover
+            scenario(sim)
+            raise AssertionError(f"no crash at write {write}")  # pragma: no cover
         sim.restart()
-        sim.check(f"after a crash at write {at}")
+        sim.check(f"after a crash at write {write}")
         sim.settle()
 
 
@@ -130,16 +138,7 @@ def test_a_crash_at_any_cgroup_write_of_a_resize_breaks_no_promise(
     counted = Simulation(machines.root(MACHINE), tmp_path / "counted", seed=0)
     assert _resize_scenario(counted) == [200, 200, 409, 409, 200]
     assert counted.writes > first + 4
-    for at in range(first, counted.writes):
-        sim = Simulation(machines.root(MACHINE), tmp_path / f"crash{at}", seed=0)
-        sim.writes = 0
-        sim.faults.crash_in = at
-        with contextlib.suppress(Crash):
-            _resize_scenario(sim)
-            raise AssertionError(f"no crash at write {at}")  # pragma: no cover
-        sim.restart()
-        sim.check(f"after a crash at write {at}")
-        sim.settle()
+    _crash_at_each_write(machines, tmp_path, _resize_scenario, range(first, counted.writes))
 
 
 def _moves_cpus_on_resize(mp: pytest.MonkeyPatch) -> None:

@@ -109,9 +109,7 @@ class CPUState:
                 reserved=self.reserved,
                 near=near,
             )
-        assignments = dict(self.assignments)
-        assignments[key] = cpus
-        new = replace(self, assignments=MappingProxyType(assignments))
+        new = self.reassigned(key, cpus)
         if not new.shared_pool:
             raise AllocationError(
                 f"{workload}/{key[1]}",
@@ -163,8 +161,14 @@ class CPUState:
                 )
         except AllocationError:
             return None
-        pool = self.online & ~(self.exclusive | taken) & ~(self.reserved if self.strict else 0)
-        return taken if taken.bit_count() == count and pool else None
+        return taken if taken.bit_count() == count and self.shared_pool & ~taken else None
+
+    def reassigned(self, key: Key, cpus: int) -> CPUState:
+        """This state with ``key`` holding exactly ``cpus`` (whatever it held before);
+        the caller checks the shared pool (``shared_pool``) is left non-empty."""
+        assignments = dict(self.assignments)
+        assignments[key] = cpus
+        return replace(self, assignments=MappingProxyType(assignments))
 
     def _reuse_after(self, workload: str, cpus: int, kind: ContainerKind) -> CPUState:
         reusable = self._reusable_for(workload)
