@@ -253,7 +253,9 @@ class Run:
 
     def why(self, arrival: Arrival, movers: dict[str, Mover]) -> Why:
         """Why ``make_room`` found no plan for ``arrival`` (module docstring)."""
-        if make_room(self.engine, self.books, arrival.request, movers, len(movers) ** 2):
+        if make_room(
+            self.engine, self.books, arrival.request, movers, pair_trials=len(movers) ** 2
+        ):
             return Why.BUDGET
         topo, cpu = self.engine.cpu_policy.topo, self.books.cpu
         free = {n: (cpu.available & cpus).bit_count() for n, cpus in topo.numa.items()}

@@ -27,8 +27,21 @@ def explained_json(outcome: Outcome) -> dict[str, Any]:
         for name, (first, *rest) in parts.items():
             whole += [f"{name}: {first}", *rest]
         text = "; ".join(whole)
+    moves = outcome.move_lines()
+    if moves:
+        text = "; ".join((text, *moves)) if text else "; ".join(moves)
     return {
         "explanation": text or None,
+        "moves": [
+            {
+                "workload": m.workload,
+                "from": {"cpus": m.cpus_from.format_list(), "nodes": m.nodes_from.format_list()},
+                "to": {"cpus": m.cpus_to.format_list(), "nodes": m.nodes_to.format_list()},
+                "bytes": m.bytes,
+            }
+            for m in outcome.moves
+        ],
+        "unmovable": list(outcome.unmovable),
         "conflict": [] if why is None else list(why.conflict),
         "explained": [
             {"container": name, "parts": list(parts[name]), "conflict": list(each.conflict)}

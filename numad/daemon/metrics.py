@@ -90,6 +90,17 @@ class Metrics:
         )
         for outcome in ("resized", "refused"):  # pre-created at 0
             self.resizes.labels(outcome)
+        self.moves = Counter("numad_moves", "Running workloads moved to admit another.", registry=r)
+        self.moved_bytes = Counter(
+            "numad_moved_bytes",
+            "Bytes of memory the moves migrate (resident on the nodes a move leaves).",
+            registry=r,
+        )
+        self.admitted_by_moves = Counter(
+            "numad_admissions_by_moves",
+            "Admissions made possible by moving running workloads.",
+            registry=r,
+        )
         self.cpu_pinning_requests = Counter(
             "numad_cpu_manager_pinning_requests",
             "Allocations that needed exclusive CPUs.",

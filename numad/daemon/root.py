@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from numad.cpuset import CPUSet
 from numad.daemon import state
+from numad.daemon.admissions import Admissions
 from numad.daemon.commits import Commits
 from numad.daemon.config import Config, check_reserved
 from numad.daemon.holdings import Holdings, TimedLock
@@ -32,7 +31,7 @@ from numad.daemon.resizes import Resizes
 from numad.daemon.restore import choose_reserved, distances
 from numad.daemon.resume import resume
 from numad.daemon.views import Views
-from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
+from numad.errors import CheckpointError
 from numad.host import durable
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.enforce import Enforcer
@@ -42,7 +41,7 @@ from numad.host.migration import Migrations
 from numad.host.targets import Cgroups, Log
 from numad.hostfs import HostFS
 from numad.observe import Problems
-from numad.placement.admission import Books, Engine, Outcome, admit, release
+from numad.placement.admission import Books, Engine, Outcome
 from numad.placement.managers.cpu.state import CPUState
 from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
 from numad.placement.managers.cpu.topology import CPUTopology
@@ -51,9 +50,7 @@ from numad.placement.managers.memory import MemoryState, MemoryTable
 from numad.placement.policy import Machine, check_machine, parse_options
 from numad.topology.discover import discover
 from numad.topology.model import Topology
-from numad.workload import units
 from numad.workload.shape import WorkloadSpec
-from numad.workload.spec import load_spec, parse_spec
 
 __all__ = ["Cgroups", "Daemon", "Log"]
 
@@ -133,17 +130,28 @@ class Daemon:
         )
         # What the API, the loops and the page call: each part's own methods.
         self.reconcile, self.rediscover = self.reconciler.reconcile, self.reconciler.rediscover
-        self.show, self.list_all, self.explain, self.plan = (
+        self.show, self.list_all, self.explain = (
             self.views.show,
             self.views.list_all,
             self.views.explain,
-            self.views.plan,
         )
         self.nrt, self.host, self.memory_of = self.views.nrt, self.views.host, self.views.memory_of
         self.update_gauges = self.views.update_gauges
         self.isolate_new = self.commits.isolate_new
         parts = (held, self.commits, self.views, self.metrics, log, self.update_gauges)
         self.resize = Resizes(*parts).resize  # PATCH /v1/workloads/NAME
+        self.admissions = Admissions(
+            held,
+            self.commits,
+            self.views,
+            config,
+            self.isolation,
+            self.migrations,
+            self.metrics,
+            self.health,
+            log,
+        )
+        self.plan = self.admissions.plan
 
     # The shared state, read where the API, the page and tests look for it.
     @property
@@ -268,7 +276,7 @@ class Daemon:
         with contextlib.suppress(CheckpointError):  # not ready, said in health; retried
             self.commits.commit(held.books, held.specs)
         self.supervisor.run_once("reconcile", self.reconcile)
-        self._declared()
+        self.admissions.declared()
         self.update_gauges()
         self.started = True
         self.log.info(
@@ -278,125 +286,21 @@ class Daemon:
             reserved=str(CPUSet.from_bits(held.reserved)),
         )
 
-    # -- commits ---------------------------------------------------------------------------
-
-    def _admit_step(self, phase: str) -> None:
-        self.commits.crash_point(f"admit:after-{phase}")
-
-    def _release_step(self, phase: str) -> None:
-        self.commits.crash_point(f"release:after-{phase}")
-
-    def _spec_args(self) -> dict[str, Any]:
-        return {
-            "managed_roots": self.config.paths.managed_roots,
-            "device_classes": [c.name for c in self.config.device_classes],
-        }
-
     # -- requests ------------------------------------------------------------------------
 
     def parse(self, text: str, fmt: str) -> WorkloadSpec:
-        return parse_spec(text, fmt, **self._spec_args())  # type: ignore[arg-type]
+        return self.admissions.parse(text, fmt)
 
     def admit(self, spec: WorkloadSpec) -> Outcome:
-        held = self.held
-        with self.lock:
-            if spec.name in held.specs:
-                raise WorkloadError(spec.name, "is already admitted", "release it first")
-            spec = self._resolved(spec)
-            self.views.check_cgroups_free(spec)
-            started = time.perf_counter()
-            books, outcome = admit(held.engine, held.books, spec.to_request())
-            self.views.count(spec, outcome, time.perf_counter() - started)
-            if not outcome.admitted:
-                self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
-                return outcome
-            specs = {**held.specs, spec.name: spec}
-            if any(self.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
-                held.seen.add(spec.name)  # released when its cgroups go (after the grace)
-            try:
-                self.commits.commit(books, specs)  # invariant 3: before any cgroup change
-            except CheckpointError:
-                held.seen.discard(spec.name)
-                raise
-            self.commits.crash_point("admit:after-checkpoint")
-            held.books, held.specs = books, specs
-            held.outcomes[spec.name] = outcome
-            self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
-            self.update_gauges()
-            self.log.info("admission_accepted", workload=spec.name)
-            return outcome
-
-    def _resolved(self, spec: WorkloadSpec) -> WorkloadSpec:
-        """A unit's spec with its cgroup as systemd has it (a given one must match)."""
-        if spec.unit is None:
-            return spec
-        roots = tuple(r.strip("/") for r in self.config.paths.managed_roots)
-        path = units.resolve(self.isolation.systemd, spec.unit, spec.name, roots)
-        if spec.cgroup and spec.cgroup != path:
-            problem = f"cgroup: {spec.cgroup} is not {spec.unit}'s cgroup ({path})"
-            raise SpecError(spec.name, problem, "leave cgroup out: numad asks systemd")
-        return replace(spec, cgroup=path)
+        return self.admissions.admit(spec)
 
     def release(self, name: str) -> None:
-        held = self.held
-        with self.lock:
-            if name not in held.specs:
-                raise WorkloadError(name, "no such workload")
-            spec = held.specs[name]
-            books = release(held.books, name)
-            specs = {k: v for k, v in held.specs.items() if k != name}
-            was_orphan, was_unplaced = set(held.orphans), held.unplaced.pop(name, None)
-            held.orphans |= {spec.container_cgroup(c) for c in spec.containers}
-            try:
-                self.commits.commit(books, specs)
-            except CheckpointError:
-                held.orphans = was_orphan
-                if was_unplaced is not None:
-                    held.unplaced[name] = was_unplaced
-                raise
-            self.commits.crash_point("release:after-checkpoint")
-            held.books, held.specs = books, specs
-            held.forget(name)
-            for problem in ("workload", "outside", "cgroup-of"):
-                self.health.clear(f"{problem}:{name}")
-            self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
-            with contextlib.suppress(KeyError):  # never measured
-                self.metrics.locality.remove(name)
-            self.commits.after_commit(
-                lambda: self.commits.enforce(self._release_step, changed=spec)
-            )
-            self.commits.settle_orphans()
-            self.update_gauges()
-            self.log.info("workload_released", workload=name)
+        self.admissions.release(name)
 
     def reload_workloads(self) -> None:
         """SIGHUP: admit what the workloads directory declares anew."""
         held = self.held
         with self.lock:
-            self._declared()
+            self.admissions.declared()
             self.update_gauges()
         self.log.info("workloads_reloaded", workloads=len(held.specs))
-
-    def _declared(self) -> None:
-        """Admit the specs of the workloads directory that are not admitted yet."""
-        held = self.held
-        directory = Path(self.config.paths.workloads_dir)
-        if not directory.is_dir():
-            return
-        self.health.clear_prefix("declared:")
-        for path in sorted(directory.iterdir()):
-            if path.suffix.lower() not in (".toml", ".json", ".yaml", ".yml"):
-                continue
-            try:
-                spec = load_spec(path, **self._spec_args())
-                if spec.name in held.specs:
-                    continue
-                outcome = self.admit(spec)
-            except NumadError as err:
-                self.health.set(f"declared:{path}", f"{path}: {err}")
-                self.log.error("declared_workload_failed", file=str(path), problem=str(err))
-                continue
-            if not outcome.admitted:
-                why = outcome.explanation
-                text = why.text() if why else outcome.detail
-                self.health.set(f"declared:{path}", f"{path}: not admitted: {text}")

@@ -21,7 +21,7 @@ from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
 from numad.host.migration import Migrations
 from numad.host.unmovable import unmovable
-from numad.placement.admission import Outcome, admit, placements
+from numad.placement.admission import Outcome, placements
 from numad.placement.nrt import nrt_object
 from numad.workload.shape import WorkloadSpec
 
@@ -44,23 +44,19 @@ class Views:
         self.migrations = migrations
         self.clock: Callable[[], float] = time.monotonic  # the daemon's, set by it
 
-    def plan(self, spec: WorkloadSpec) -> Outcome:
-        """What admitting ``spec`` would do; for a workload admitted already, what it
-        holds (and why, where this numad decided it)."""
+    def holding(self, name: str) -> Outcome:
+        """What an admitted workload holds (and why, where this numad decided it)."""
         held = self.held
         with held.lock:
-            if spec.name in held.specs:
-                before = held.outcomes.get(spec.name)
-                return Outcome(
-                    True,
-                    () if before is None else before.decisions,
-                    placements(held.books, spec.name, held.engine.cpu_policy.topo),
-                    asks=() if before is None else before.asks,
-                    held=True,
-                    wiring=() if before is None else before.wiring,
-                )
-            _, outcome = admit(held.engine, held.books, spec.to_request())
-            return outcome
+            before = held.outcomes.get(name)
+            return Outcome(
+                True,
+                () if before is None else before.decisions,
+                placements(held.books, name, held.engine.cpu_policy.topo),
+                asks=() if before is None else before.asks,
+                held=True,
+                wiring=() if before is None else before.wiring,
+            )
 
     def list_all(self) -> list[dict[str, Any]]:
         held = self.held

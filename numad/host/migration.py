@@ -187,11 +187,16 @@ class Migrations:
 
     def locality(self, paths: Iterable[str], nodes: NodeSet) -> tuple[float | None, int]:
         """The share of the cgroups' anonymous bytes on ``nodes``, and the bytes."""
+        total = self.resident(paths)
+        return locality(total, nodes), sum(total.values())
+
+    def resident(self, paths: Iterable[str]) -> dict[int, int]:
+        """The cgroups' anonymous bytes per node (``memory.numa_stat``); {} unknown."""
         total: dict[int, int] = {}
         for path in paths:
             for node, size in (self._anon(path) or {}).items():
                 total[node] = total.get(node, 0) + size
-        return locality(total, nodes), sum(total.values())
+        return total
 
     def check(self, name: str, share: float | None, threshold: float, moving: bool) -> None:
         """Count the passes a workload's locality stays below the threshold."""

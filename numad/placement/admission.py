@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import AllocationError
-from numad.placement.explain import Asked, Explanation, NodeFree, explain
+from numad.placement.explain import Asked, Explanation, Move, NodeFree, explain
 from numad.placement.groups import Group, cpu_first, groups, memory_weights
 from numad.placement.hints import ProviderHints
 from numad.placement.managers.cpu.state import ContainerKind, CPUState
@@ -91,6 +91,25 @@ class Outcome:
     held: bool = False  # decided before: the workload holds these placements already
     # (container, what its devices share in the PCIe tree), for two devices or more
     wiring: tuple[tuple[str, str], ...] = ()
+    # Admitted after moving these running workloads (numad.placement.moves).
+    moves: tuple[Move, ...] = ()
+    # Rejected, but moving these workloads, which are not movable, would admit it.
+    unmovable: tuple[str, ...] = ()
+    planned: bool = False  # an answer to ``plan``: nothing was committed
+
+    def move_lines(self) -> tuple[str, ...]:
+        """The moves made (or, planned, that would be made), or the workloads whose
+        move would have admitted a rejected one."""
+        verb = "would move" if self.planned else "moved"
+        out = tuple(m.text(verb) for m in self.moves)
+        if self.unmovable:
+            names = ", ".join(self.unmovable)
+            are = "they are" if len(self.unmovable) > 1 else "it is"
+            out += (
+                f"moving {names} would admit it, but {are} not movable"
+                " (movable = true, --movable or numad.io/movable)",
+            )
+        return out
 
     @property
     def explanation(self) -> Explanation | None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from numad.cpuset import NodeSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.placement.hints import HintList
 from numad.placement.policy import Decision, Policy
 from numad.placement.search import Search, SearchBudgetError
@@ -70,6 +70,40 @@ class NodeFree:
         parts += [f"{human_bytes(b)} {name}" for name, b in sorted(self.memory.items())]
         parts += [f"{n} {name}" for name, n in sorted(self.devices.items())]
         return f"node {self.node} has {', '.join(parts)} free"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A running workload moved to make room for another: its CPUs and nodes (those of
+    its CPUs and its ``cpuset.mems``) before and after, and the bytes of memory that
+    migrate (its resident memory on the nodes its new ``cpuset.mems`` leaves out)."""
+
+    workload: str
+    cpus_from: CPUSet
+    cpus_to: CPUSet
+    nodes_from: NodeSet
+    nodes_to: NodeSet
+    bytes: int = 0
+
+    @property
+    def across(self) -> bool:
+        return self.nodes_from != self.nodes_to
+
+    @property
+    def changed(self) -> int:
+        """The CPUs it gives up (as many as it gains, its size unchanged)."""
+        return (self.cpus_from.bits & ~self.cpus_to.bits).bit_count()
+
+    def text(self, verb: str = "moved") -> str:
+        """ "moved A from node 0 to node 1, 64Mi of memory"; "would move B within node 0
+        (CPUs 2-3 to 6-7), no memory to migrate"."""
+        if self.across:
+            where = f"from {nodes_text(self.nodes_from)} to {nodes_text(self.nodes_to)}"
+        else:
+            cpus = f"CPUs {self.cpus_from.format_list()} to {self.cpus_to.format_list()}"
+            where = f"within {nodes_text(self.nodes_to)} ({cpus})"
+        memory = f"{human_bytes(self.bytes)} of memory" if self.bytes else "no memory to migrate"
+        return f"{verb} {self.workload} {where}, {memory}"
 
 
 @dataclass(frozen=True, slots=True)

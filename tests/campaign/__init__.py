@@ -33,6 +33,7 @@ STEPS: dict[str, tuple[int, Callable[[Simulation], None]]] = {
     "admit": (30, steps.admit),
     "release": (12, steps.release),
     "resize": (8, steps.resize),
+    "move": (6, steps.move),
     "cgroup churn": (8, steps.cgroup_churn),
     "hotplug": (8, steps.hotplug),
     "device churn": (3, steps.device_churn),

@@ -32,6 +32,7 @@ def admit(sim: Simulation) -> None:
         sim.removed.discard(name)
     spec: dict[str, Any] = {"name": name, "cgroup": f"numad.slice/{name}"}
     spec["cpus"] = sim.rng.choice((1, 2, 3, 4, 6, "500m"))
+    spec["movable"] = NAMES.index(name) % 2 == 0  # half, and no draw: the seeds keep their runs
     if sim.devices and sim.rng.random() < 0.3:
         spec["devices"] = {"ve": 1}
     try:
@@ -84,6 +85,46 @@ def resize(sim: Simulation) -> None:
     sim.expect(after.bit_count() == cpus, f"{name}: resized to {after.bit_count()}, not {cpus}")
     grew, shrank = after & before == before, after & ~before == 0
     sim.expect(grew or shrank, f"{name}: resize both added and removed CPUs")
+
+
+def move(sim: Simulation) -> None:
+    """A workload one CPU larger than any node has free: it fits only if movable
+    workloads move (when the machine has that many free). The moved ones are
+    movable and keep their size; the others keep their CPUs. Half the time numad
+    crashes at one of the change's first dozen cgroup writes: in the middle of a
+    change to several workloads (the invariants are checked after every write)."""
+    daemon = sim.daemon
+    free = [n for n in NAMES if n not in daemon.specs]
+    if not free:
+        return
+    topo, cpu = daemon.engine.cpu_policy.topo, daemon.books.cpu
+    want = max((cpu.available & mask).bit_count() for mask in topo.numa.values()) + 1
+    name = sim.rng.choice(free)
+    scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+    sim.removed.discard(name)
+    before, specs = dict(cpu.assignments), dict(daemon.specs)
+    spec = {"name": name, "cgroup": f"numad.slice/{name}", "cpus": want}
+    if sim.rng.random() < 0.5:
+        sim.faults.crash_in = sim.rng.randrange(0, 12)
+    try:
+        admitted = sim.admit(spec)
+    except CheckpointError:
+        return
+    finally:
+        sim.faults.crash_in = -1
+    after = sim.daemon.books.cpu.assignments
+    moved = [k for k, bits in before.items() if after.get(k) != bits]
+    for key in moved:  # moved: admitted again by its request (all of it, after hotplug)
+        sim.expect(specs[key[0]].movable, f"{key[0]}: not movable, but moved")
+        asked = {c.name: c.cpus for c in specs[key[0]].to_request().containers}[key[1]]
+        sim.expect(
+            after.get(key, 0).bit_count() == asked,
+            f"{key[0]}: moved to {after.get(key, 0).bit_count()} CPUs, asked {asked}",
+        )
+    sim.expect(admitted or not moved, f"{name}: rejected, but workloads moved")
+    if moved:
+        sim.moves["admissions"] += 1
+        sim.moves["moved"] += len({k[0] for k in moved})
 
 
 def cgroup_churn(sim: Simulation) -> None:

@@ -88,6 +88,7 @@ class Simulation:
         self.checks = 0
         self.admitted = 0
         self.resizes: Counter[str] = Counter()  # resize steps answered, by outcome
+        self.moves: Counter[str] = Counter()  # admissions by moves, workloads moved
         self.daemon = self._start()
 
     # -- the daemon's life ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from numad.daemon import reconcile, resizes, state
+from numad.daemon import admissions, moving, reconcile, resizes, state
 from numad.errors import CheckpointError
 from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
@@ -48,6 +48,7 @@ def test_no_promise_breaks_under_random_faults(
     assert sum(sim.faults.injected.values()) > 50  # the faults really came
     assert set(sim.faults.injected) >= OUTAGES  # each kind of them
     assert sim.admitted > 50  # the workloads really came
+    assert sim.moves["admissions"] > 0  # some came only by moving others
 
 
 def _scenario(sim: Simulation) -> None:
@@ -141,6 +142,44 @@ def test_a_crash_at_any_cgroup_write_of_a_resize_breaks_no_promise(
     _crash_at_each_write(machines, tmp_path, _resize_scenario, range(first, counted.writes))
 
 
+def _settled_before_move(sim: Simulation) -> None:
+    """w1 (4 CPUs, movable) and w3 (6) on node 0, w2 (12) on node 1: 4 CPUs free on
+    each node (of 14 and 16 outside the reserved ones)."""
+    for name, cpus, movable in (("w1", 4, True), ("w2", 12, False), ("w3", 6, False)):
+        scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+        assert sim.admit(
+            {"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus, "movable": movable}
+        )
+    scratch_mkdir(sim.cgroups, "numad.slice/w4")
+
+
+def _move_scenario(sim: Simulation) -> None:
+    """Then w4 asks 8 CPUs: it fits only once w1 moves to node 1 (a change of two
+    workloads: w1 rewritten to node 1's CPUs, then w4 granted w1's old ones)."""
+    _settled_before_move(sim)
+    assert sim.admit({"name": "w4", "cgroup": "numad.slice/w4", "cpus": 8})
+
+
+def test_a_crash_at_any_cgroup_write_of_a_move_breaks_no_promise(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The move scenario once to count its writes (and see the move made), then a crash
+    at each write of the admission that moves w1, a restart, the promises checked."""
+    clean = Simulation(machines.root(MACHINE), tmp_path / "clean", seed=0)
+    _settled_before_move(clean)
+    first = clean.writes
+    held = clean.daemon.books.cpu.assignments
+    w1_before = held[("w1", "main")]
+    node = clean.daemon.engine.cpu_policy.topo.numa
+    assert w1_before & node[0] == w1_before
+    assert clean.admit({"name": "w4", "cgroup": "numad.slice/w4", "cpus": 8})
+    held = clean.daemon.books.cpu.assignments
+    assert held[("w1", "main")] & node[1] == held[("w1", "main")]  # w1 moved to node 1
+    assert held[("w4", "main")] & w1_before == w1_before  # w4 got the CPUs w1 left
+    assert clean.writes >= first + 2  # w1 rewritten, then w4 granted
+    _crash_at_each_write(machines, tmp_path, _move_scenario, range(first, clean.writes))
+
+
 def _moves_cpus_on_resize(mp: pytest.MonkeyPatch) -> None:
     """A resize that swaps a CPU it held for a free one (no grow keeps all then)."""
 
@@ -186,6 +225,21 @@ def _converts_huge_integers(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(hostile, "SIZES", (1_000,))
 
 
+def _moves_the_fixed(mp: pytest.MonkeyPatch) -> None:
+    """The search told every workload is movable."""
+    decide = moving.decide
+
+    def all_movable(held: Any, request: Any, resident: Any) -> Any:
+        specs = held.specs
+        held.specs = {n: dataclasses.replace(s, movable=True) for n, s in specs.items()}
+        try:
+            return decide(held, request, resident)
+        finally:
+            held.specs = specs
+
+    mp.setattr(admissions, "decide", all_movable)
+
+
 @dataclasses.dataclass(frozen=True)
 class Broken:
     step: Callable[[Simulation], None]
@@ -224,6 +278,10 @@ BROKEN = [
     pytest.param(
         Broken(steps.resize, _moves_cpus_on_resize, "both added and removed CPUs"),
         id="resize-moves-cpus",
+    ),
+    pytest.param(
+        Broken(steps.move, _moves_the_fixed, "not movable, but moved"),
+        id="moves-a-fixed-workload",
     ),
 ]
 

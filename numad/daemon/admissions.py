@@ -1,0 +1,194 @@
+"""Admission and release: the two requests that add and remove a workload.
+
+Daemon side, a collaborator of ``numad.daemon.root.Daemon`` on the shared
+``Holdings``. Each follows the one sequence every change takes, under the lock:
+decide (pure: ``numad.daemon.moving.decide``, the admission with moves where it
+needs them) -> checkpoint (atomic, ``numad.daemon.commits``) -> cgroups. A change
+whose checkpoint cannot be written changes nothing in memory and raises
+``CheckpointError``. An admission made possible by moves commits the moved
+workloads' new places with it, in the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from numad.daemon.commits import Commits
+from numad.daemon.config import Config
+from numad.daemon.holdings import Holdings
+from numad.daemon.metrics import Metrics
+from numad.daemon.moving import decide
+from numad.daemon.views import Views
+from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
+from numad.host.isolation import Isolation
+from numad.host.migration import Migrations
+from numad.host.targets import Log
+from numad.observe import Problems
+from numad.placement.admission import Outcome, release
+from numad.placement.moves import Plan
+from numad.workload import units
+from numad.workload.shape import WorkloadSpec
+from numad.workload.spec import load_spec, parse_spec
+
+
+@dataclass
+class Admissions:
+    held: Holdings
+    commits: Commits
+    views: Views
+    config: Config
+    isolation: Isolation
+    migrations: Migrations
+    metrics: Metrics
+    health: Problems
+    log: Log
+
+    def _admit_step(self, phase: str) -> None:
+        self.commits.crash_point(f"admit:after-{phase}")
+
+    def _release_step(self, phase: str) -> None:
+        self.commits.crash_point(f"release:after-{phase}")
+
+    def spec_args(self) -> dict[str, Any]:
+        return {
+            "managed_roots": self.config.paths.managed_roots,
+            "device_classes": [c.name for c in self.config.device_classes],
+        }
+
+    def parse(self, text: str, fmt: str) -> WorkloadSpec:
+        return parse_spec(text, fmt, **self.spec_args())  # type: ignore[arg-type]
+
+    def resident(self, name: str) -> dict[int, int]:
+        """A workload's resident memory per node, as ``memory.numa_stat`` says."""
+        spec = self.held.specs[name]
+        return self.migrations.resident(spec.container_cgroup(c) for c in spec.containers)
+
+    def plan(self, spec: WorkloadSpec) -> Outcome:
+        """What admitting ``spec`` would do, moves included; for a workload admitted
+        already, what it holds."""
+        held = self.held
+        with held.lock:
+            if spec.name in held.specs:
+                return self.views.holding(spec.name)
+            _, outcome, _ = decide(held, spec.to_request(), self.resident)
+            return replace(outcome, planned=True)
+
+    def admit(self, spec: WorkloadSpec) -> Outcome:
+        held = self.held
+        with held.lock:
+            if spec.name in held.specs:
+                raise WorkloadError(spec.name, "is already admitted", "release it first")
+            spec = self._resolved(spec)
+            self.views.check_cgroups_free(spec)
+            started = time.perf_counter()
+            books, outcome, plan = decide(held, spec.to_request(), self.resident)
+            self.views.count(spec, outcome, time.perf_counter() - started)
+            if not outcome.admitted:
+                self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
+                return outcome
+            specs = {**held.specs, spec.name: spec}
+            if any(self.commits.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
+                held.seen.add(spec.name)  # released when its cgroups go (after the grace)
+            try:
+                self.commits.commit(books, specs)  # invariant 3: before any cgroup change
+            except CheckpointError:
+                held.seen.discard(spec.name)
+                raise
+            self.commits.crash_point("admit:after-checkpoint")
+            held.books, held.specs = books, specs
+            held.outcomes[spec.name] = outcome
+            if plan is not None:
+                self._moved(spec.name, plan)
+            self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
+            self.views.update_gauges()
+            self.log.info("admission_accepted", workload=spec.name, moved=len(outcome.moves))
+            return outcome
+
+    def _moved(self, name: str, plan: Plan) -> None:
+        """The moved workloads' new outcomes, counted and logged."""
+        self.metrics.admitted_by_moves.inc()
+        for move in plan.moves:
+            self.held.outcomes[move.workload] = plan.moved[move.workload]
+            self.metrics.moves.inc()
+            self.metrics.moved_bytes.inc(move.bytes)
+            self.log.info(
+                "workload_moved",
+                workload=move.workload,
+                to_admit=name,
+                cpus_from=move.cpus_from.format_list(),
+                cpus_to=move.cpus_to.format_list(),
+                nodes_from=move.nodes_from.format_list(),
+                nodes_to=move.nodes_to.format_list(),
+                bytes=move.bytes,
+            )
+
+    def _resolved(self, spec: WorkloadSpec) -> WorkloadSpec:
+        """A unit's spec with its cgroup as systemd has it (a given one must match)."""
+        if spec.unit is None:
+            return spec
+        roots = tuple(r.strip("/") for r in self.config.paths.managed_roots)
+        path = units.resolve(self.isolation.systemd, spec.unit, spec.name, roots)
+        if spec.cgroup and spec.cgroup != path:
+            problem = f"cgroup: {spec.cgroup} is not {spec.unit}'s cgroup ({path})"
+            raise SpecError(spec.name, problem, "leave cgroup out: numad asks systemd")
+        return replace(spec, cgroup=path)
+
+    def release(self, name: str) -> None:
+        held = self.held
+        with held.lock:
+            if name not in held.specs:
+                raise WorkloadError(name, "no such workload")
+            spec = held.specs[name]
+            books = release(held.books, name)
+            specs = {k: v for k, v in held.specs.items() if k != name}
+            was_orphan, was_unplaced = set(held.orphans), held.unplaced.pop(name, None)
+            held.orphans |= {spec.container_cgroup(c) for c in spec.containers}
+            try:
+                self.commits.commit(books, specs)
+            except CheckpointError:
+                held.orphans = was_orphan
+                if was_unplaced is not None:
+                    held.unplaced[name] = was_unplaced
+                raise
+            self.commits.crash_point("release:after-checkpoint")
+            held.books, held.specs = books, specs
+            held.forget(name)
+            for problem in ("workload", "outside", "cgroup-of"):
+                self.health.clear(f"{problem}:{name}")
+            self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
+            with contextlib.suppress(KeyError):  # never measured
+                self.metrics.locality.remove(name)
+            self.commits.after_commit(
+                lambda: self.commits.enforce(self._release_step, changed=spec)
+            )
+            self.commits.settle_orphans()
+            self.views.update_gauges()
+            self.log.info("workload_released", workload=name)
+
+    def declared(self) -> None:
+        """Admit the specs of the workloads directory that are not admitted yet."""
+        held = self.held
+        directory = Path(self.config.paths.workloads_dir)
+        if not directory.is_dir():
+            return
+        self.health.clear_prefix("declared:")
+        for path in sorted(directory.iterdir()):
+            if path.suffix.lower() not in (".toml", ".json", ".yaml", ".yml"):
+                continue
+            try:
+                spec = load_spec(path, **self.spec_args())
+                if spec.name in held.specs:
+                    continue
+                outcome = self.admit(spec)
+            except NumadError as err:
+                self.health.set(f"declared:{path}", f"{path}: {err}")
+                self.log.error("declared_workload_failed", file=str(path), problem=str(err))
+                continue
+            if not outcome.admitted:
+                why = outcome.explanation
+                text = "; ".join((why.text() if why else outcome.detail, *outcome.move_lines()))
+                self.health.set(f"declared:{path}", f"{path}: not admitted: {text}")

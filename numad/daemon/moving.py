@@ -1,0 +1,56 @@
+"""Admission with moves: a workload the merge rejects, admitted by moving movable ones.
+
+Daemon side, over the pure search (``numad.placement.moves``), on the shared
+``Holdings`` under its lock. ``decide`` is what an admission and a ``plan`` both ask:
+the plain admission first; only on a rejection, the search over the movable workloads
+(each one's resident memory per node read from ``memory.numa_stat``: one small file
+per container of a movable workload, on the rejection path only). When no move of a
+movable workload admits it, a bounded second search over every workload says which
+ones would have to be movable (``Outcome.unmovable``).
+
+The plan commits as one change: the checkpoint holds the moved workloads' new places
+and the newcomer's at once, and ``numad.host.enforce`` writes them so that no CPU is in
+two exclusive cpusets at any instant (a moved workload's cpuset is rewritten to its new
+CPUs, free ones, before the newcomer is granted the CPUs it gave up); its memory
+follows through the mover (state ``migrating``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from numad.daemon.holdings import Holdings
+from numad.placement.admission import Books, Outcome, WorkloadRequest, admit
+from numad.placement.moves import Mover, Plan, make_room
+
+# The search that names workloads which would need ``movable``: the cheapest this
+# many single moves, no pairs (it runs on every rejection that moves could not help).
+HINT_SINGLES = 32
+
+Resident = Callable[[str], Mapping[int, int]]  # workload -> its bytes per node
+
+
+def decide(
+    held: Holdings, request: WorkloadRequest, resident: Resident
+) -> tuple[Books, Outcome, Plan | None]:
+    """The books and outcome of admitting ``request``, by moves where the plain
+    admission rejects it and moving movable workloads admits it (the plan, else None)."""
+    books, outcome = admit(held.engine, held.books, request)
+    if outcome.admitted:
+        return books, outcome, None
+    placed = [n for n in held.specs if n not in held.unplaced and n not in held.outside]
+    movable = {
+        n: Mover(held.specs[n].to_request(), resident(n)) for n in placed if held.specs[n].movable
+    }
+    plan = make_room(held.engine, held.books, request, movable) if movable else None
+    if plan is not None:
+        return plan.books, plan.outcome, plan
+    fixed = {n: Mover(held.specs[n].to_request()) for n in placed if not held.specs[n].movable}
+    if fixed:
+        hint = make_room(
+            held.engine, held.books, request, fixed, pair_trials=0, single_trials=HINT_SINGLES
+        )
+        if hint is not None and hint.moves:
+            outcome = replace(outcome, unmovable=tuple(m.workload for m in hint.moves))
+    return books, outcome, None
