@@ -39,14 +39,11 @@ def decide(
     books, outcome = admit(held.engine, held.books, request)
     if outcome.admitted:
         return books, outcome, None
-    placed = [n for n in held.specs if n not in held.unplaced and n not in held.outside]
-    movable = {
-        n: Mover(held.specs[n].to_request(), resident(n)) for n in placed if held.specs[n].movable
-    }
+    movable = movers(held, resident)
     plan = make_room(held.engine, held.books, request, movable) if movable else None
     if plan is not None:
         return plan.books, plan.outcome, plan
-    fixed = {n: Mover(held.specs[n].to_request()) for n in placed if not held.specs[n].movable}
+    fixed = movers(held, lambda _: {}, movable=False)
     if fixed:
         hint = make_room(
             held.engine, held.books, request, fixed, pair_trials=0, single_trials=HINT_SINGLES
@@ -54,3 +51,12 @@ def decide(
         if hint is not None and hint.moves:
             outcome = replace(outcome, unmovable=tuple(m.workload for m in hint.moves))
     return books, outcome, None
+
+
+def movers(held: Holdings, resident: Resident, *, movable: bool = True) -> dict[str, Mover]:
+    """The placed workloads whose ``movable`` is ``movable``, as the search takes them."""
+    return {
+        name: Mover(spec.to_request(), resident(name) if movable else {})
+        for name, spec in held.specs.items()
+        if spec.movable is movable and name not in held.unplaced and name not in held.outside
+    }

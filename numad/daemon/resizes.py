@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
+from numad.cpuset import CPUSet
 from numad.daemon.answers import outcome_json
 from numad.daemon.commits import Commits
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
+from numad.daemon.moving import Resident, movers
 from numad.daemon.views import Views
 from numad.errors import WorkloadError
 from numad.host.targets import Log
 from numad.placement.admission import Outcome, placements
+from numad.placement.moves import Mover, Plan, replace_grown
 from numad.placement.resize import resize
 from numad.workload.quantity import is_whole, quantity
 from numad.workload.shape import MAX_BYTES, MAX_CPUS
@@ -111,6 +114,7 @@ class Resizes:
         self.metrics = metrics
         self.log = log
         self.update_gauges = update_gauges
+        self.resident: Resident = lambda _: {}  # a workload's memory per node (the root's)
 
     def _step(self, phase: str) -> None:
         self.commits.crash_point(f"resize:after-{phase}")
@@ -144,13 +148,30 @@ class Resizes:
                 policy=spec.policy,
                 movable=spec.movable,
             )
-            if result.refused:
-                return self._refused(who, result.refused)
             new = spec.resized(container.name, ask.cpus, ask.memory)
+            books, plan = result.books, None
+            if (
+                result.refused
+                and spec.movable
+                and (ask.cpus or 0) > _held(held, name, container.name)
+            ):
+                grown = Mover(new.to_request(), self.resident(name))
+                plan = replace_grown(
+                    held.engine, held.books, name, grown, movers(held, self.resident)
+                )
+                if plan is not None:
+                    books = plan.books
+            if result.refused and plan is None:
+                return self._refused(who, result.refused)
+            key = (name, container.name)
+            was, now = (b.cpu.assignments.get(key, 0) for b in (held.books, books))
+            added, removed = CPUSet.from_bits(now & ~was), CPUSet.from_bits(was & ~now)
             specs = {**held.specs, name: new}
-            self.commits.commit(result.books, specs)  # before any cgroup change
+            self.commits.commit(books, specs)  # before any cgroup change
             self._step("checkpoint")
-            held.books, held.specs = result.books, specs
+            held.books, held.specs = books, specs
+            if plan is not None:
+                self._replaced(name, plan)
             self.commits.after_commit(lambda: self.commits.enforce(self._step, changed=new))
             self.update_gauges()
             self.metrics.resizes.labels("resized").inc()
@@ -158,19 +179,42 @@ class Resizes:
                 "workload_resized",
                 workload=name,
                 container=container.name,
-                added=result.added.format_list(),
-                removed=result.removed.format_list(),
+                added=added.format_list(),
+                removed=removed.format_list(),
+                replaced=plan is not None,
             )
             placed = placements(held.books, name, held.engine.cpu_policy.topo)
+            moves = () if plan is None else plan.moves
             return 200, {
-                **outcome_json(Outcome(True, (), placed)),
+                **outcome_json(Outcome(True, (), placed, moves=moves)),
                 "resized": container.name,
-                "added": result.added.format_list(),
-                "removed": result.removed.format_list(),
+                "added": added.format_list(),
+                "removed": removed.format_list(),
                 "workload": self.views.show(name),
             }
+
+    def _replaced(self, name: str, plan: Plan) -> None:
+        """A grown workload re-placed (and any it moved): outcomes, counters, log."""
+        self.held.outcomes[name] = replace(plan.outcome, moves=())
+        for move in plan.moves:
+            if move.workload != name:
+                self.held.outcomes[move.workload] = plan.moved[move.workload]
+            self.metrics.moves.inc()
+            self.metrics.moved_bytes.inc(move.bytes)
+            self.log.info(
+                "workload_moved",
+                workload=move.workload,
+                to_resize=name,
+                cpus_from=move.cpus_from.format_list(),
+                cpus_to=move.cpus_to.format_list(),
+                bytes=move.bytes,
+            )
 
     def _refused(self, who: str, reason: str) -> Answer:
         self.metrics.resizes.labels("refused").inc()
         self.log.info("resize_refused", workload=who, reason=reason)
         return _error(409, "resize_refused", f"{who}: not resized: {reason}")
+
+
+def _held(held: Holdings, name: str, container: str) -> int:
+    return held.books.cpu.assignments.get((name, container), 0).bit_count()

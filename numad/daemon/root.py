@@ -139,7 +139,8 @@ class Daemon:
         self.update_gauges = self.views.update_gauges
         self.isolate_new = self.commits.isolate_new
         parts = (held, self.commits, self.views, self.metrics, log, self.update_gauges)
-        self.resize = Resizes(*parts).resize  # PATCH /v1/workloads/NAME
+        resizes = Resizes(*parts)
+        self.resize = resizes.resize  # PATCH /v1/workloads/NAME
         self.admissions = Admissions(
             held,
             self.commits,
@@ -152,6 +153,7 @@ class Daemon:
             log,
         )
         self.plan = self.admissions.plan
+        resizes.resident = self.admissions.resident
 
     # The shared state, read where the API, the page and tests look for it.
     @property

@@ -8,7 +8,9 @@ its own request and policy, so a moved workload holds what the merge would admit
 on, as any other: its alignment is kept by construction.
 
 One trial: release the workloads to move; admit the newcomer into the room they leave;
-admit each moved workload again (the most CPUs first). The trials:
+admit each moved workload again (the most CPUs first). Where that fails, the other
+order: each moved workload admitted again while its old CPUs are still held (so it
+goes elsewhere), then those CPUs freed and the newcomer admitted. The trials:
 
 1. every single candidate in turn (exact for one move: each is tried, the cheapest
    that admits both is taken);
@@ -18,7 +20,7 @@ admit each moved workload again (the most CPUs first). The trials:
 Cost, compared in this order: bytes of memory to migrate (the moved workloads'
 resident memory on the nodes their new ``cpuset.mems`` leaves out), moves across nodes
 (a move inside its nodes first), CPUs changed, workloads moved. Work is bounded by the
-trials: at most ``len(candidates) + PAIR_TRIALS`` trials of three admissions each
+trials: at most ``len(candidates) + PAIR_TRIALS`` trials of up to six admissions each
 (``benchmarks/churn.py`` times them). Candidates hold no devices (a bound device cannot
 follow a running process) and no hugepages (numad does not migrate them).
 """
@@ -35,6 +37,7 @@ from numad.placement.explain import Move
 from numad.placement.managers.memory import MEMORY
 
 PAIR_TRIALS = 64  # two-move trials at most, after every single move failed
+HOLD = "\x00moving"  # the placeholder holding a moved workload's CPUs (no spec's name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +127,36 @@ def make_room(
     return best
 
 
+def replace_grown(
+    engine: Engine,
+    books: Books,
+    name: str,
+    grown: Mover,
+    movers: Mapping[str, Mover],
+) -> Plan | None:
+    """A movable workload resized past its nodes' room, re-placed whole by its new
+    request (``grown``): where it fits once it leaves its place, else after moving one
+    or two of ``movers`` (``make_room``). Its own move leads the plan's moves."""
+    request = grown.request
+    without = release(books, name)
+    after, outcome = admit(engine, without, request)
+    moved: Mapping[str, Outcome] = {}
+    if not outcome.admitted:
+        plan = make_room(engine, without, request, {n: m for n, m in movers.items() if n != name})
+        if plan is None:
+            return None
+        after, outcome, moved = plan.books, plan.outcome, plan.moved
+    itself = describe(engine, books, after, name, grown.resident)
+    return Plan(after, replace(outcome, moves=(itself, *outcome.moves)), moved)
+
+
 def _better(best: Plan | None, plan: Plan | None) -> Plan | None:
     if plan is None:
         return best
     return plan if best is None or plan.cost < best.cost else best
+
+
+Tried = tuple[Books, Outcome, dict[str, Outcome]]  # books, newcomer's outcome, moved
 
 
 def _trial(
@@ -137,24 +166,68 @@ def _trial(
     names: Sequence[str],
     movers: Mapping[str, Mover],
 ) -> Plan | None:
-    trial = books
-    for name in names:
-        trial = release(trial, name)
-    trial, outcome = admit(engine, trial, request)
-    if not outcome.admitted:
+    order = sorted(names, key=lambda n: (-_cpus(books, n), n))  # the most CPUs first
+    tried = _newcomer_first(engine, books, request, order, movers) or _moved_first(
+        engine, books, request, order, movers
+    )
+    if tried is None:
         return None
-    moved: dict[str, Outcome] = {}
-    for name in sorted(names, key=lambda n: (-_cpus(books, n), n)):
-        trial, again = admit(engine, trial, movers[name].request)
-        if not again.admitted:
-            return None
-        moved[name] = again
+    after, outcome, moved = tried
     moves = tuple(
         m
         for name in names
-        if (m := describe(engine, books, trial, name, movers[name].resident)).changed or m.across
+        if (m := describe(engine, books, after, name, movers[name].resident)).changed or m.across
     )
-    return Plan(trial, replace(outcome, moves=moves), moved)
+    return Plan(after, replace(outcome, moves=moves), moved)
+
+
+def _newcomer_first(
+    engine: Engine,
+    books: Books,
+    request: WorkloadRequest,
+    order: Sequence[str],
+    movers: Mapping[str, Mover],
+) -> Tried | None:
+    """The newcomer into the room the moved leave, then they, each where it fits."""
+    for name in order:
+        books = release(books, name)
+    books, outcome = admit(engine, books, request)
+    again = _again(engine, books, order, movers) if outcome.admitted else None
+    return None if again is None else (again[0], outcome, again[1])
+
+
+def _moved_first(
+    engine: Engine,
+    books: Books,
+    request: WorkloadRequest,
+    order: Sequence[str],
+    movers: Mapping[str, Mover],
+) -> Tried | None:
+    """The moved placed anew while a placeholder holds their old CPUs (so they go
+    elsewhere), then those CPUs freed and the newcomer admitted."""
+    for name in order:
+        old = _held(books, name)[0]
+        books = release(books, name)
+        books = replace(books, cpu=books.cpu.reassigned((HOLD, name), old))
+    again = _again(engine, books, order, movers)
+    if again is None:
+        return None
+    books, outcome = admit(engine, release(again[0], HOLD), request)
+    return (books, outcome, again[1]) if outcome.admitted else None
+
+
+def _again(
+    engine: Engine, books: Books, order: Sequence[str], movers: Mapping[str, Mover]
+) -> tuple[Books, dict[str, Outcome]] | None:
+    """``books`` with each of ``order`` admitted again by its own request, and their
+    outcomes; None when one does not fit."""
+    moved = {}
+    for name in order:
+        books, again = admit(engine, books, movers[name].request)
+        if not again.admitted:
+            return None
+        moved[name] = again
+    return books, moved
 
 
 def describe(

@@ -14,7 +14,8 @@ them, level by level, each level through the CPU manager's takeByTopology
    nodes), then the other nodes, nearest first by NUMA distance. Under
    ``restricted`` and ``single-numa-node`` the container stays on the nodes it spans
    now (its alignment was decided on them); where they have too few free CPUs it is
-   refused (moving a movable workload elsewhere is not built yet).
+   refused here; the daemon then re-places a movable workload whole
+   (``numad.placement.moves.replace_grown``).
 
 A level is used only once the nearer ones have no free CPU left. Shrinking keeps a
 compact subset: one CPU at a time it gives back the CPU whose node, then L3 group,
@@ -185,7 +186,7 @@ def _no_room(
         return f"not enough free CPUs: {room.bit_count()} free, {more} more asked"
     which = _nodes(NodeSet(topo.numas_of(held)))
     why = (
-        "it is movable, but re-placement by moves is not built yet"
+        "it is movable, but no re-placement has room for it either"
         if moves
         else "the workload is not movable"
     )

@@ -112,8 +112,8 @@ def test_resize_takes_nearest_and_keeps_compact(
         pytest.param(
             Policy.RESTRICTED,
             True,
-            "no room on node 0: 1 free, 2 more asked; it is movable, but re-placement by"
-            " moves is not built yet",
+            "no room on node 0: 1 free, 2 more asked; it is movable, but no re-placement"
+            " has room for it either",
             id="restricted-movable",
         ),
     ],
