@@ -1,0 +1,173 @@
+"""Re-placement to admit (numad.placement.moves), table-driven on the small machine of
+test_resize (2 nodes of 8 CPUs, SMT2, CPU 15 reserved), under single-numa-node: a
+single move, a pair, the other order (the moved first), the cost order (no memory
+before memory, inside a node before across), what is never moved, a full machine,
+the plan's books, the words, and a grown workload re-placed whole."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.placement.admission import Books, ContainerRequest, WorkloadRequest, admit, release
+from numad.placement.explain import Move
+from numad.placement.moves import Mover, candidates, cost, make_room, replace_grown
+from numad.placement.policy import Policy
+from tests.placement.test_resize import GIB, books_on, engine_on, small
+
+ENGINE = engine_on(small(), Policy.SINGLE_NUMA_NODE)
+NODE = {n: CPUSet.from_bits(m) for n, m in small().numa.items()}
+
+
+def _request(name: str, cpus: int, memory: int = GIB) -> WorkloadRequest:
+    return WorkloadRequest(name, (ContainerRequest("main", cpus, {"memory": memory}),))
+
+
+def _filled(*workloads: tuple[str, int]) -> Books:
+    books = books_on(small(), reserved=1 << 15)
+    for name, cpus in workloads:
+        books, outcome = admit(ENGINE, books, _request(name, cpus))
+        assert outcome.admitted, name
+    return books
+
+
+def _movers(books: Books, names: Sequence[str], sizes: dict[str, int]) -> dict[str, Mover]:
+    return {n: Mover(_request(n, sizes[n])) for n in names}
+
+
+def _cpus(books: Books, name: str) -> CPUSet:
+    return CPUSet.from_bits(books.cpu.assignments.get((name, "main"), 0))
+
+
+def _node(cpus: CPUSet) -> int:
+    (node,) = {n for n, all_ in NODE.items() if cpus & all_}
+    return node
+
+
+SIZES = {"a": 4, "b": 2, "c": 4}  # a, b on node 0 (2 free); c on node 1 (3 free)
+
+
+def test_one_move_admits_a_split_rejection() -> None:
+    books = _filled(*SIZES.items())
+    assert not admit(ENGINE, books, _request("new", 4))[1].admitted  # 2 + 3 free: split
+    plan = make_room(ENGINE, books, _request("new", 4), _movers(books, "abc", SIZES))
+    assert plan is not None
+    assert [m.workload for m in plan.moves] == ["b"]  # the cheapest: 2 CPUs, 1Gi
+    (move,) = plan.moves
+    assert (move.nodes_from, move.nodes_to, move.bytes) == (NodeSet([0]), NodeSet([1]), GIB)
+    assert move.text() == "moved b from node 0 to node 1, 1Gi of memory"
+    assert plan.outcome.admitted
+    assert plan.outcome.placements["main"].cpus == _cpus(plan.books, "new")
+    assert _cpus(books, "b").issubset(_cpus(plan.books, "new"))  # it took b's CPUs
+    assert _cpus(plan.books, "a") == _cpus(books, "a")  # not moved
+    assert _node(_cpus(plan.books, "b")) == 1
+    assert plan.moved["b"].admitted
+    assert cost(plan.moves) == (GIB, 1, 2, 1)
+    taken = list(plan.books.cpu.assignments.values())  # no CPU held twice
+    assert sum(b.bit_count() for b in taken) == _union(taken).bit_count()
+
+
+def _union(bits: Sequence[int]) -> int:
+    out = 0
+    for b in bits:
+        out |= b
+    return out
+
+
+def test_fixed_workloads_are_never_moved() -> None:
+    books = _filled(*SIZES.items())
+    assert make_room(ENGINE, books, _request("new", 4), _movers(books, "ac", SIZES)) is None
+
+
+def test_a_pair_when_no_single_move_does() -> None:
+    # node 0: a (4), b (1), c (1): 2 free; node 1: d (4), e (1): 2 free (15 reserved).
+    sizes = {"a": 4, "b": 1, "c": 1, "f": 2, "d": 4, "e": 1}
+    books = release(_filled(*sizes.items()), "f")  # f filled node 0 while e came
+    assert [_node(_cpus(books, n)) for n in "abcde"] == [0, 0, 0, 1, 1]
+    new = _request("new", 4)
+    assert not admit(ENGINE, books, new)[1].admitted
+    movers = _movers(books, "bc", sizes)
+    for name, mover in movers.items():  # neither alone leaves 4 on a node
+        assert make_room(ENGINE, books, new, {name: mover}) is None
+    assert make_room(ENGINE, books, new, movers, pair_trials=0) is None  # pairs bounded
+    plan = make_room(ENGINE, books, new, movers)
+    assert plan is not None
+    assert sorted(m.workload for m in plan.moves) == ["b", "c"]
+    assert {_node(_cpus(plan.books, n)) for n in "bc"} == {1}
+    assert _node(_cpus(plan.books, "new")) == 0
+    assert cost(plan.moves) == (2 * GIB, 2, 2, 2)
+
+
+def test_the_cheapest_single_move_is_taken() -> None:
+    """b (no memory) and x (1Gi) each make room alone: b moves."""
+    books = books_on(small(), reserved=1 << 15)
+    for name, cpus, memory in (("a", 6, GIB), ("f", 2, GIB), ("x", 2, GIB), ("b", 2, 0)):
+        request = WorkloadRequest(name, (ContainerRequest("main", cpus, {"memory": memory}),))
+        books, outcome = admit(ENGINE, books, request)
+        assert outcome.admitted
+    books, _ = admit(ENGINE, books, _request("c", 1))
+    books = release(books, "f")  # node 0: a, 2 free; node 1: x, b, c, 2 free
+    new = _request("new", 3)
+    assert not admit(ENGINE, books, new)[1].admitted
+    no_memory = WorkloadRequest("b", (ContainerRequest("main", 2, {"memory": 0}),))
+    movers = {"x": Mover(_request("x", 2)), "b": Mover(no_memory)}
+    assert candidates(books, movers) == ["b", "x"]  # cheapest first
+    for name, mover in movers.items():
+        alone = make_room(ENGINE, books, new, {name: mover})
+        assert alone is not None
+        assert [m.workload for m in alone.moves] == [name]
+    plan = make_room(ENGINE, books, new, movers)
+    assert plan is not None
+    assert [(m.workload, m.bytes) for m in plan.moves] == [("b", 0)]
+
+
+def test_measured_resident_memory_is_the_cost() -> None:
+    books = _filled(*SIZES.items())
+    movers = _movers(books, "abc", SIZES)
+    movers["b"] = Mover(_request("b", 2), {0: 300 << 20, 1: 5 << 20})
+    plan = make_room(ENGINE, books, _request("new", 4), movers)
+    assert plan is not None
+    assert plan.moves[0].bytes == 300 << 20  # what it has on the node it leaves
+
+
+def test_a_full_machine_is_not_searched() -> None:
+    books = _filled(*SIZES.items())
+    assert make_room(ENGINE, books, _request("new", 6), _movers(books, "abc", SIZES)) is None
+
+
+def test_holders_of_devices_or_hugepages_are_not_candidates() -> None:
+    books = _filled(("a", 2))
+    hp = WorkloadRequest("h", (ContainerRequest("main", 2, {"hugepages-2Mi": 4 << 20}),))
+    movers = {"a": Mover(_request("a", 2)), "h": Mover(hp), "gone": Mover(_request("gone", 1))}
+    assert candidates(books, movers) == ["a"]  # h holds nothing here; gone neither
+
+
+def test_the_words() -> None:
+    across = Move("db", CPUSet([1, 9]), CPUSet([4, 12]), NodeSet([0]), NodeSet([1]), 64 << 20)
+    assert across.text("would move") == "would move db from node 0 to node 1, 64Mi of memory"
+    within = Move("db", CPUSet([1, 9]), CPUSet([2, 10]), NodeSet([0]), NodeSet([0]))
+    assert within.text() == "moved db within node 0 (CPUs 1,9 to 2,10), no memory to migrate"
+    assert (across.across, within.across, within.changed) == (True, False, 2)
+
+
+def test_a_grown_movable_workload_is_re_placed_whole() -> None:
+    books = _filled(("a", 4), ("b", 2), ("c", 1))  # node 0: 1 free; node 1: 7 free
+    assert _node(_cpus(books, "b")) == 0
+    plan = replace_grown(ENGINE, books, "b", Mover(_request("b", 5)), {})
+    assert plan is not None
+    assert [m.workload for m in plan.moves] == ["b"]
+    assert plan.moves[0].text() == "moved b from node 0 to node 1, 1Gi of memory"
+    assert len(_cpus(plan.books, "b")) == 5
+    assert _node(_cpus(plan.books, "b")) == 1
+    assert replace_grown(ENGINE, books, "b", Mover(_request("b", 8)), {}) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_old_books_are_never_changed(seed: int) -> None:
+    books = _filled(*SIZES.items())
+    snapshot = (dict(books.cpu.assignments), dict(books.memory.blocks))
+    make_room(ENGINE, books, _request("new", 2 + seed), _movers(books, "abc", SIZES))
+    assert (dict(books.cpu.assignments), dict(books.memory.blocks)) == snapshot
+    assert release(books, "zzz").cpu.assignments == books.cpu.assignments
