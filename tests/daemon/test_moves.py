@@ -1,0 +1,140 @@
+"""Moves to admit through the daemon: end to end against a real ``numad serve`` on the
+recorded 2-socket machine (single-numa-node, CPUs 0 and 16 reserved: 14 CPUs free on
+node 0, 16 on node 1), and in process for the counters, memory and a resize that
+re-places a movable workload.
+
+The scene: db (4 CPUs) and web (6) on node 0, batch (12) on node 1: 4 CPUs free on
+each node; big asks 8, which fits only once db moves to node 1."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.cli.client import APIError
+from numad.cpuset import CPUSet
+from numad.daemon.root import Daemon
+from numad.host.scratch import scratch_mkdir
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
+from tests.daemon.test_daemon_e2e import Numad, _check_invariants, _spec, numad
+from tests.daemon.test_resize import NODES
+
+__all__ = ["numad"]  # the fixture, imported for pytest
+
+
+def _cpus(answer: dict[str, Any], container: str = "main") -> CPUSet:
+    return CPUSet.parse_list(answer["containers"][container]["cpus"])
+
+
+def _scene(numad: Numad, *, movable: bool) -> CPUSet:
+    """db, web, batch admitted; db's CPUs."""
+    db = _cpus(numad.call("POST", "/v1/workloads", _spec("db", 4, movable=movable)))
+    numad.call("POST", "/v1/workloads", _spec("web", 6))
+    batch = _cpus(numad.call("POST", "/v1/workloads", _spec("batch", 12)))
+    assert db.issubset(NODES[0])
+    assert batch.issubset(NODES[1])
+    return db
+
+
+def test_a_rejection_names_the_fixed_workload_whose_move_would_admit_it(numad: Numad) -> None:
+    _scene(numad, movable=False)
+    checkpoint = numad.root / "var/lib/numad/checkpoint.json"
+    before = checkpoint.read_bytes()
+    with pytest.raises(APIError) as rejected:
+        numad.call("POST", "/v1/workloads", _spec("big", 8))
+    assert rejected.value.status == 409
+    body = rejected.value.body
+    text = json.dumps(body)
+    assert "moving db would admit it, but it is not movable" in text, body
+    assert checkpoint.read_bytes() == before
+    _check_invariants(numad)
+
+
+def test_a_movable_workload_is_moved_to_admit_another(numad: Numad) -> None:
+    db = _scene(numad, movable=True)
+    checkpoint = numad.root / "var/lib/numad/checkpoint.json"
+    before = checkpoint.read_bytes()
+    planned = numad.call("POST", "/v1/plan", _spec("big", 8))
+    assert planned["admitted"] is True
+    assert "would move db from node 0 to node 1, no memory to migrate" in planned["explanation"]
+    assert [m["workload"] for m in planned["moves"]] == ["db"]
+    assert checkpoint.read_bytes() == before  # a plan commits nothing
+    assert numad.cpus_of("numad.slice/db") == db
+
+    answer = numad.call("POST", "/v1/workloads", _spec("big", 8))
+    big = _cpus(answer)
+    (move,) = answer["moves"]
+    moved = CPUSet.parse_list(move["to"]["cpus"])
+    assert CPUSet.parse_list(move["from"]["cpus"]) == db
+    assert db.issubset(big)  # big has the CPUs db left
+    assert big.issubset(NODES[0])
+    assert moved.issubset(NODES[1])
+    assert numad.cpus_of("numad.slice/db") == moved
+    assert numad.cpus_of("numad.slice/big") == big
+    shown = numad.call("GET", "/v1/workloads/db")
+    assert _cpus(shown) == moved
+    explained = numad.call("GET", "/v1/workloads/big/explain")["explanation"]
+    assert "moved db from node 0 to node 1" in explained
+    _check_invariants(numad)
+
+    numad.stop(signal.SIGKILL)  # one checkpoint holds both changes
+    numad.start()
+    assert _cpus(numad.call("GET", "/v1/workloads/db")) == moved
+    assert _cpus(numad.call("GET", "/v1/workloads/big")) == big
+    _check_invariants(numad)
+
+
+def _admit(daemon: Daemon, spec: dict[str, Any]) -> dict[str, Any]:
+    scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", spec["cgroup"])
+    outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
+    assert outcome.admitted, outcome.explanation
+    return daemon.show(spec["name"])
+
+
+def _counts(daemon: Daemon) -> tuple[float, float, float]:
+    m = daemon.metrics
+    return (
+        m.moves._value.get(),
+        m.admitted_by_moves._value.get(),
+        m.moved_bytes._value.get(),
+    )
+
+
+def test_moves_are_counted_and_memory_follows(machines: Machines, tmp_path: Path) -> None:
+    """With the memory manager: db's memory block moves to node 1 with it (its mems
+    follow), the bytes counted are its resident ones (none touched here: its block's)."""
+    daemon = recorded_daemon(machines, tmp_path, {"memory": {"policy": "static"}})
+    _admit(daemon, _spec("db", 4, movable=True, memory="1Gi"))
+    _admit(daemon, _spec("web", 6))
+    _admit(daemon, _spec("batch", 12))
+    assert _counts(daemon) == (0, 0, 0)
+    shown = _admit(daemon, _spec("big", 8))
+    db = daemon.show("db")["containers"]["main"]
+    assert db["mems"] == "1"
+    assert CPUSet.parse_list(db["cpus"]).issubset(NODES[1])
+    assert _counts(daemon) == (1, 1, 1 << 30)  # no numa_stat in a scratch tree: the block
+    assert shown["containers"]["main"]["mems"] == ""  # big asked no memory
+    new = restarted_daemon(daemon, {"memory": {"policy": "static"}})
+    assert new.show("db")["containers"]["main"]["mems"] == "1"
+
+
+def test_a_grown_movable_workload_is_re_placed(machines: Machines, tmp_path: Path) -> None:
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, _spec("db", 4, movable=True))
+    _admit(daemon, _spec("web", 6))  # node 0: 4 free; node 1: 16
+    status, answer = daemon.resize("db", b'{"cpus": 12}')
+    assert status == 200, answer
+    cpus = CPUSet.parse_list(answer["containers"]["main"]["cpus"])
+    assert len(cpus) == 12
+    assert cpus.issubset(NODES[1])
+    assert [m["workload"] for m in answer["moves"]] == ["db"]
+    assert CPUSet.parse_list(answer["added"]) == cpus  # all new: it moved
+    assert len(CPUSet.parse_list(answer["removed"])) == 4
+    _admit(daemon, _spec("fixed", 2))
+    status, answer = daemon.resize("fixed", b'{"cpus": 12}')  # not movable: refused
+    assert status == 409
+    assert "the workload is not movable" in answer["error"]["message"]
