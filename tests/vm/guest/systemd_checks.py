@@ -18,6 +18,7 @@ are for further checks too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -663,6 +664,134 @@ def resize_a_running_unit(name: str, placed: tuple[CPUSet, NodeSet]) -> None:
         shrunk=str(kept),
         shrink_seconds=round(time.monotonic() - started, 2),
     )
+
+
+# -- a movable workload moved to admit another (issue 28 item 5) ---------------------------
+
+RESERVED = CPUSet.parse_list("0")  # [cpu] reserved-cpus of CONFIG
+SAMPLE = 0.05  # seconds between two samples of the processes' allowed CPUs
+
+
+def free_by_node() -> dict[int, CPUSet]:
+    """Each node's CPUs that no workload holds exclusively (and numad does not reserve)."""
+    held = CPUSet()
+    for found in workloads().values():
+        for c in found["containers"].values():
+            if c["exclusive"]:
+                held |= CPUSet.parse_list(c["cpus"])
+    out = {}
+    for node in Path("/sys/devices/system/node").glob("node[0-9]*"):
+        cpus = CPUSet.parse_list((node / "cpulist").read_text())
+        if cpus:
+            out[int(node.name[4:])] = cpus - held - RESERVED
+    return out
+
+
+def _hold(name: str, cpus: int) -> None:
+    """A workload without a process holding ``cpus`` CPUs of one node (the lowest with room)."""
+    spec = {"name": name, "cgroup": f"numad.slice/{name}.service", "cpus": cpus}
+    api("POST", "/v1/workloads", {**spec, "policy": "single-numa-node"})
+
+
+def test_a_movable_workload_is_moved_to_admit_another() -> None:
+    """The mover (1 CPU, single-numa-node, movable) touches 64 MiB on its node, the
+    second lowest; the lowest is filled to one free CPU and any other node wholly; a
+    newcomer asking all of the mover's node's room fits only once the mover moves.
+    Sampled every 50 ms, the newcomer's process before the mover's: the two are never
+    allowed a common CPU; the mover keeps running, follows to its new CPU, and its
+    memory is >= 95% on its new node within 10 s. numad places a single-numa-node
+    workload on the lowest node with room: the holders steer each where it goes."""
+    free = free_by_node()
+    low, high, *others = sorted(free)
+    assert len(free[high]) >= 2, free
+    held = []
+    for name, node in [("block0", low), ("block1", high)] + [(f"fill{n}", n) for n in others]:
+        if free[node]:
+            _hold(name, len(free[node]))
+            held.append(name)
+    if "block1" in held:
+        api("DELETE", "/v1/workloads/block1")
+    mover = {"name": "mover", "cgroup": "numad.slice/mover.service", "cpus": 1}
+    mover |= {"memory": "80Mi", "policy": "single-numa-node", "movable": True}
+    placed = CPUSet.parse_list(api("POST", "/v1/workloads", mover)["containers"]["main"]["cpus"])
+    assert node_of_cpus(placed) == NodeSet([high]), placed
+    if "block0" in held:
+        api("DELETE", "/v1/workloads/block0")
+    if len(free_by_node()[low]) > 1:  # one CPU left there: the mover's next place
+        _hold("fill", len(free_by_node()[low]) - 1)
+        held.append("fill")
+    run_transient("mover", sys.executable, "-c", ALLOCATE, str(high), MemoryAccounting="yes")
+    cgroup = "numad.slice/mover.service"
+    wait_for(lambda: anon(cgroup).get(high, 0) >= 60 * MIB, f"64 MiB on node {high}")
+    free = free_by_node()
+    assert len(free[low]) == 1, free
+    assert not any(free[n] for n in others), free
+    newcomer = {"name": "newcomer", "cgroup": "numad.slice/newcomer.service"}
+    newcomer |= {"cpus": len(free[high]) + 1, "policy": "single-numa-node"}
+    planned = api("POST", "/v1/plan", newcomer)
+    assert [m["workload"] for m in planned["moves"]] == ["mover"], planned
+    assert planned["moves"][0]["bytes"] >= 60 * MIB, planned  # from memory.numa_stat
+    assert "would move mover from node" in planned["explanation"], planned
+    run_transient("newcomer", "/bin/sleep", "infinity")
+    pids = main_pid("newcomer.service"), main_pid("mover.service")
+    samples: list[tuple[float, CPUSet, CPUSet]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():  # the newcomer first: granted, the mover has left already
+            ours, theirs = allowed(pids[0])[0], allowed(pids[1])[0]
+            samples.append((time.monotonic(), ours, theirs))
+            time.sleep(SAMPLE)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    answer = api("POST", "/v1/workloads", newcomer)
+    granted = CPUSet.parse_list(answer["containers"]["main"]["cpus"])
+    moved_to = CPUSet.parse_list(answer["moves"][0]["to"]["cpus"])
+    assert placed.issubset(granted), answer  # the newcomer has the CPU the mover left
+    assert moved_to.issubset(free[low]), answer
+    wait_for(lambda: allowed(pids[1])[0] == moved_to, "the mover's process on its new CPU")
+    wait_for(lambda: allowed(pids[0])[0] == granted, "the newcomer's process on its CPUs")
+    share = 0.0
+    while time.monotonic() - started < 10 * SLOWDOWN:
+        now = anon(cgroup)
+        share = now.get(low, 0) / (sum(now.values()) or 1)
+        if share >= 0.95:
+            break
+        time.sleep(0.2)
+    took = time.monotonic() - started
+    time.sleep(1)
+    done.set()
+    sampler.join(timeout=WAIT)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(samples)]
+    shared = [(t, ours & theirs) for t, ours, theirs in samples if ours & theirs]
+    assert not shared, shared[:5]  # never a CPU allowed to both
+    after = [theirs for _, ours, theirs in samples if ours == granted]
+    assert after, samples[-5:]
+    assert all(not theirs & granted for theirs in after), after[:5]
+    assert main_pid("mover.service") == pids[1]  # the same process, moved while running
+    explained = api("GET", "/v1/workloads/newcomer/explain")["explanation"]
+    assert f"moved mover from node {high} to node {low}" in explained, explained
+    figure(
+        check="move to admit",
+        mover_from=str(placed),
+        mover_to=str(moved_to),
+        newcomer=str(granted),
+        samples=len(samples),
+        sample_gap_ms_max=round(max(gaps, default=0) * 1000),
+        sample_gap_ms_median=round(sorted(gaps)[len(gaps) // 2] * 1000) if gaps else 0,
+        seconds_to_95=round(took, 2),
+        locality_after=round(share, 3),
+        bytes_planned=planned["moves"][0]["bytes"],
+    )
+    assert share >= 0.95, (f"{share:.0%} on node {low} after {took:.1f} s", anon(cgroup))
+    for unit in ("mover.service", "newcomer.service"):
+        systemctl("stop", unit)
+    for name in ("newcomer", "mover", *held):
+        if name in workloads():
+            api("DELETE", f"/v1/workloads/{name}")
 
 
 # -- containers started with podman, numad's hook loaded from the package (one boot) -------
