@@ -16,7 +16,7 @@ policy with 2 CPUs reserved (the shared pool stays non-empty), the memory manage
 container scope, the topology policy single-numa-node or restricted.
 
 Arrivals, seeded, the same stream on both hosts: one container asking exclusive CPUs,
-whole cores where SMT, drawn evenly from one core to half a node; memory of 0.25-0.75
+whole cores where SMT, drawn evenly from one core to half a node (--largest); memory of 0.25-0.75
 times the CPUs' share of the smallest node's memory, so memory never fills a node
 before its CPUs do; movable with probability 1/2. Occupancy (exclusive CPUs held /
 allocatable CPUs) follows a target drawn in 72-88% every 500 arrivals: before each
@@ -163,12 +163,13 @@ def host(topo: Topology, policy: Policy) -> tuple[Engine, Books]:
     return engine, books
 
 
-def stream(engine: Engine, books: Books, seed: int, count: int) -> Stream:
-    """The seeded arrivals and occupancy targets (module docstring)."""
+def stream(engine: Engine, books: Books, seed: int, count: int, largest: float = 0.5) -> Stream:
+    """The seeded arrivals and occupancy targets (module docstring); ``largest``: the
+    largest request, a share of the smallest node's CPUs."""
     rng = random.Random(seed)  # noqa: S311 - a seeded, repeatable stream, no secrets
     topo = engine.cpu_policy.topo
     core = topo.cpus_per_core or 1
-    half = min(m.bit_count() for m in topo.numa.values()) // 2
+    half = int(min(m.bit_count() for m in topo.numa.values()) * largest)
     sizes = range(core, max(core, half - half % core) + 1, core)
     per_cpu = min(
         books.memory.table.allocatable(node, MEMORY) // cpus.bit_count()
@@ -368,6 +369,9 @@ def main() -> int:
     parser.add_argument("--arrivals", type=int, default=15000, help="per seed (15000)")
     parser.add_argument("--seeds", default="0", help="seeds, e.g. 0-3 (default 0)")
     parser.add_argument("--machine", action="append", choices=MACHINES, help="(all four)")
+    parser.add_argument(
+        "--largest", type=float, default=0.5, help="largest request, share of a node (0.5)"
+    )
     args = parser.parse_args()
     counted, timed, ok = list(COUNTS), list(TIMES), True
     began = time.perf_counter()
@@ -380,7 +384,7 @@ def main() -> int:
                 first, _, last = args.seeds.partition("-")
                 for seed in range(int(first), int(last or first) + 1):
                     engine, books = host(topo, policy)
-                    arrivals = stream(engine, books, seed, args.arrivals)
+                    arrivals = stream(engine, books, seed, args.arrivals, args.largest)
                     plain.add(Run(engine, books, moves=False).churn(arrivals))
                     moving.add(Run(engine, books, moves=True).churn(arrivals))
                 counted.append(counts(label, policy, plain, moving))
