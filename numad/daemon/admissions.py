@@ -21,7 +21,7 @@ from numad.daemon.commits import Commits
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
-from numad.daemon.moving import decide
+from numad.daemon.moving import decide, recorded
 from numad.daemon.views import Views
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.host.isolation import Isolation
@@ -29,7 +29,6 @@ from numad.host.migration import Migrations
 from numad.host.targets import Log
 from numad.observe import Problems
 from numad.placement.admission import Outcome, release
-from numad.placement.moves import Plan
 from numad.workload import units
 from numad.workload.shape import WorkloadSpec
 from numad.workload.spec import load_spec, parse_spec
@@ -102,29 +101,12 @@ class Admissions:
             held.books, held.specs = books, specs
             held.outcomes[spec.name] = outcome
             if plan is not None:
-                self._moved(spec.name, plan)
+                self.metrics.admitted_by_moves.inc()
+                recorded(held, self.metrics, self.log, plan, to_admit=spec.name)
             self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
             self.views.update_gauges()
             self.log.info("admission_accepted", workload=spec.name, moved=len(outcome.moves))
             return outcome
-
-    def _moved(self, name: str, plan: Plan) -> None:
-        """The moved workloads' new outcomes, counted and logged."""
-        self.metrics.admitted_by_moves.inc()
-        for move in plan.moves:
-            self.held.outcomes[move.workload] = plan.moved[move.workload]
-            self.metrics.moves.inc()
-            self.metrics.moved_bytes.inc(move.bytes)
-            self.log.info(
-                "workload_moved",
-                workload=move.workload,
-                to_admit=name,
-                cpus_from=move.cpus_from.format_list(),
-                cpus_to=move.cpus_to.format_list(),
-                nodes_from=move.nodes_from.format_list(),
-                nodes_to=move.nodes_to.format_list(),
-                bytes=move.bytes,
-            )
 
     def _resolved(self, spec: WorkloadSpec) -> WorkloadSpec:
         """A unit's spec with its cgroup as systemd has it (a given one must match)."""

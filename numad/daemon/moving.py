@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from numad.daemon.holdings import Holdings
+from numad.daemon.metrics import Metrics
+from numad.host.targets import Log
 from numad.placement.admission import Books, Outcome, WorkloadRequest, admit
 from numad.placement.moves import Mover, Plan, make_room
 
@@ -60,3 +62,23 @@ def movers(held: Holdings, resident: Resident, *, movable: bool = True) -> dict[
         for name, spec in held.specs.items()
         if spec.movable is movable and name not in held.unplaced and name not in held.outside
     }
+
+
+def recorded(held: Holdings, metrics: Metrics, log: Log, plan: Plan, **why: str) -> None:
+    """A committed plan's moves: each moved workload's new outcome, the counters, a log
+    line (``why``: what the moves made room for)."""
+    for move in plan.moves:
+        if move.workload in plan.moved:
+            held.outcomes[move.workload] = plan.moved[move.workload]
+        metrics.moves.inc()
+        metrics.moved_bytes.inc(move.bytes)
+        log.info(
+            "workload_moved",
+            workload=move.workload,
+            **why,
+            cpus_from=move.cpus_from.format_list(),
+            cpus_to=move.cpus_to.format_list(),
+            nodes_from=move.nodes_from.format_list(),
+            nodes_to=move.nodes_to.format_list(),
+            bytes=move.bytes,
+        )

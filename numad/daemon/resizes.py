@@ -23,12 +23,12 @@ from numad.daemon.answers import outcome_json
 from numad.daemon.commits import Commits
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
-from numad.daemon.moving import Resident, movers
+from numad.daemon.moving import Resident, movers, recorded
 from numad.daemon.views import Views
 from numad.errors import WorkloadError
 from numad.host.targets import Log
 from numad.placement.admission import Outcome, placements
-from numad.placement.moves import Mover, Plan, replace_grown
+from numad.placement.moves import Mover, replace_grown
 from numad.placement.resize import resize
 from numad.workload.quantity import is_whole, quantity
 from numad.workload.shape import MAX_BYTES, MAX_CPUS
@@ -171,7 +171,8 @@ class Resizes:
             self._step("checkpoint")
             held.books, held.specs = books, specs
             if plan is not None:
-                self._replaced(name, plan)
+                held.outcomes[name] = replace(plan.outcome, moves=())
+                recorded(held, self.metrics, self.log, plan, to_resize=name)
             self.commits.after_commit(lambda: self.commits.enforce(self._step, changed=new))
             self.update_gauges()
             self.metrics.resizes.labels("resized").inc()
@@ -192,23 +193,6 @@ class Resizes:
                 "removed": removed.format_list(),
                 "workload": self.views.show(name),
             }
-
-    def _replaced(self, name: str, plan: Plan) -> None:
-        """A grown workload re-placed (and any it moved): outcomes, counters, log."""
-        self.held.outcomes[name] = replace(plan.outcome, moves=())
-        for move in plan.moves:
-            if move.workload != name:
-                self.held.outcomes[move.workload] = plan.moved[move.workload]
-            self.metrics.moves.inc()
-            self.metrics.moved_bytes.inc(move.bytes)
-            self.log.info(
-                "workload_moved",
-                workload=move.workload,
-                to_resize=name,
-                cpus_from=move.cpus_from.format_list(),
-                cpus_to=move.cpus_to.format_list(),
-                bytes=move.bytes,
-            )
 
     def _refused(self, who: str, reason: str) -> Answer:
         self.metrics.resizes.labels("refused").inc()

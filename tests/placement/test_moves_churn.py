@@ -41,6 +41,7 @@ from numad.placement.moves import Mover, Plan, cost, make_room
 from numad.placement.policy import Machine, Policy
 from numad.topology.discover import discover
 from tests.conftest import Machines
+from tests.placement.test_resize_churn import memory_accounted
 
 STEPS = 2000
 MIB = 1 << 20
@@ -186,16 +187,7 @@ class Churn:
         assert set(cpu.assignments) == {(n, "main") for n in self.asked}
         for name, asked in self.asked.items():
             assert self._holds(self.books, name) == asked, name
-        for node in memory.table.nodes:
-            used = sum(
-                amount
-                for blocks in memory.blocks.values()
-                for b in blocks
-                for n, amount in b.split
-                if n == node and b.resource == MEMORY
-            )
-            assert used == memory.used(node, MEMORY)
-            assert used <= memory.table.allocatable(node, MEMORY)
+        memory_accounted(memory)
 
 
 @pytest.mark.parametrize("name", ["32intel64-2p8co2t+8ve", "128arm-2pa2n8cluster4co"])

@@ -129,16 +129,7 @@ class Churn:
             assert cpu.assignments.get(key, 0).bit_count() == cpus, key
             blocks = memory.blocks.get(key, ())
             assert sum(b.size for b in blocks if b.resource == MEMORY) == size, key
-        for node in memory.table.nodes:
-            used = sum(
-                amount
-                for blocks in memory.blocks.values()
-                for b in blocks
-                for n, amount in b.split
-                if n == node and b.resource == MEMORY
-            )
-            assert used == memory.used(node, MEMORY)
-            assert used <= memory.table.allocatable(node, MEMORY)
+        memory_accounted(memory)
         assert set(memory.blocks) == set(self.asked)
 
 
@@ -151,3 +142,18 @@ def test_resize_churn_keeps_every_promise(machines: Machines, name: str, seed: i
     for outcome in ("admitted", "grown", "resized", "refused"):
         assert churn.seen[outcome] > 5, churn.seen  # each path really ran
     assert CPUSet.from_bits(churn.books.cpu.shared_pool)
+
+
+def memory_accounted(memory: MemoryState) -> None:
+    """Each node's ``memory`` bytes in use are the sum of the blocks' split there, and
+    within what the node can allocate."""
+    for node in memory.table.nodes:
+        used = sum(
+            amount
+            for blocks in memory.blocks.values()
+            for b in blocks
+            for n, amount in b.split
+            if n == node and b.resource == MEMORY
+        )
+        assert used == memory.used(node, MEMORY)
+        assert used <= memory.table.allocatable(node, MEMORY)
