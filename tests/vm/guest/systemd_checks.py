@@ -694,39 +694,37 @@ def _hold(name: str, cpus: int) -> None:
 
 
 def test_a_movable_workload_is_moved_to_admit_another() -> None:
-    """The mover (1 CPU, single-numa-node, movable) touches 64 MiB on its node, the
-    second lowest; the lowest is filled to one free CPU and any other node wholly; a
-    newcomer asking all of the mover's node's room fits only once the mover moves.
+    """The mover (1 CPU, single-numa-node, movable) touches 64 MiB on its node; another
+    node is filled to one free CPU and every other node wholly; a newcomer asking all
+    of the mover's node's room fits only once the mover moves.
     Sampled every 50 ms, the newcomer's process before the mover's: the two are never
     allowed a common CPU; the mover keeps running, follows to its new CPU, and its
     memory is >= 95% on its new node within 10 s. numad places a single-numa-node
     workload on the lowest node with room: the holders steer each where it goes."""
     free = free_by_node()
-    low, high, *others = sorted(free)
-    assert len(free[high]) >= 2, free
+    low = min(n for n in free if free[n])  # the mover's next node, one CPU free there
+    high = min(n for n in free if n > low and len(free[n]) >= 2)  # the mover's first
     held = []
-    for name, node in [("block0", low), ("block1", high)] + [(f"fill{n}", n) for n in others]:
+    for node in sorted(free):  # every node full: each hold lands on the lowest with room
         if free[node]:
-            _hold(name, len(free[node]))
-            held.append(name)
-    if "block1" in held:
-        api("DELETE", "/v1/workloads/block1")
-    mover = {"name": "mover", "cgroup": "numad.slice/mover.service", "cpus": 1}
+            _hold(f"block{node}", len(free[node]))
+            held.append(f"block{node}")
+    api("DELETE", f"/v1/workloads/block{high}")
+    mover: dict[str, Any] = {"name": "mover", "cgroup": "numad.slice/mover.service", "cpus": 1}
     mover |= {"memory": "80Mi", "policy": "single-numa-node", "movable": True}
     placed = CPUSet.parse_list(api("POST", "/v1/workloads", mover)["containers"]["main"]["cpus"])
     assert node_of_cpus(placed) == NodeSet([high]), placed
-    if "block0" in held:
-        api("DELETE", "/v1/workloads/block0")
-    if len(free_by_node()[low]) > 1:  # one CPU left there: the mover's next place
-        _hold("fill", len(free_by_node()[low]) - 1)
+    api("DELETE", f"/v1/workloads/block{low}")
+    if len(free[low]) > 1:  # one CPU left there (low < high: the hold lands on low)
+        _hold("fill", len(free[low]) - 1)
         held.append("fill")
     run_transient("mover", sys.executable, "-c", ALLOCATE, str(high), MemoryAccounting="yes")
     cgroup = "numad.slice/mover.service"
     wait_for(lambda: anon(cgroup).get(high, 0) >= 60 * MIB, f"64 MiB on node {high}")
     free = free_by_node()
     assert len(free[low]) == 1, free
-    assert not any(free[n] for n in others), free
-    newcomer = {"name": "newcomer", "cgroup": "numad.slice/newcomer.service"}
+    assert not any(cpus for n, cpus in free.items() if n not in (low, high)), free
+    newcomer: dict[str, Any] = {"name": "newcomer", "cgroup": "numad.slice/newcomer.service"}
     newcomer |= {"cpus": len(free[high]) + 1, "policy": "single-numa-node"}
     planned = api("POST", "/v1/plan", newcomer)
     assert [m["workload"] for m in planned["moves"]] == ["mover"], planned
