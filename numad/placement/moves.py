@@ -12,32 +12,43 @@ admit each moved workload again (the most CPUs first). Where that fails, the oth
 order: each moved workload admitted again while its old CPUs are still held (so it
 goes elsewhere), then those CPUs freed and the newcomer admitted. The trials:
 
-1. every single candidate in turn (exact for one move: each is tried, the cheapest
-   that admits both is taken);
+1. every single candidate in turn (exact for one move: the cheapest that admits both
+   is taken);
 2. then, only where no single move does, pairs of candidates, cheapest pairs first,
    at most ``PAIR_TRIALS`` of them.
+
+Where the newcomer must sit on one node (single-numa-node or restricted, one
+container, a node holds its CPUs) and no node has its CPUs free, counting prunes
+without losing a plan: a single move helps only if it frees CPUs on a node where the
+newcomer's CPUs are then free, a pair only if the two together do; and a single move
+there costs at least a bound (it gives up the CPUs the newcomer lacks there; one on a
+single node changes nodes; one whose policy keeps it on one node leaves that node
+whole and migrates its pinned memory there), so the singles are tried by that bound,
+cheapest first, and stop once the best found costs no more than the next one's bound.
 
 Cost, compared in this order: bytes of memory to migrate (the moved workloads'
 resident memory on the nodes their new ``cpuset.mems`` leaves out), moves across nodes
 (a move inside its nodes first), CPUs changed, workloads moved. Work is bounded by the
-trials: at most ``len(candidates) + PAIR_TRIALS`` trials of up to six admissions each
-(``benchmarks/churn.py`` times them). Candidates hold no devices (a bound device cannot
-follow a running process) and no hugepages (numad does not migrate them).
+trials: at most ``len(candidates) + PAIR_TRIALS`` trials of up to six admissions each,
+and the pruning's counts (``benchmarks/churn.py`` and ``benchmarks/moves.py`` time
+them). Candidates hold no devices (a bound device cannot follow a running process)
+and no hugepages (numad does not migrate them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import combinations
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.placement.admission import Books, Engine, Outcome, WorkloadRequest, admit, release
 from numad.placement.explain import Move
 from numad.placement.managers.memory import MEMORY
+from numad.placement.policy import Policy
 
 PAIR_TRIALS = 64  # two-move trials at most, after every single move failed
 HOLD = "\x00moving"  # the placeholder holding a moved workload's CPUs (no spec's name)
+ONE_NODE = frozenset({Policy.SINGLE_NUMA_NODE, Policy.RESTRICTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +127,96 @@ def make_room(
     if max((c.cpus for c in request.containers), default=0) > books.cpu.available.bit_count():
         return None  # a move frees no CPU: the machine is full
     names = candidates(books, movers)[:single_trials]
+    room = _Room.of(engine, books, request)
+    index = _index(books)
+    per_node = {n: _per_node(engine, books, index[n]) for n in names}
+    singles, bound = names, {}
+    if room is not None:  # only moves off the node it takes help; each costs at least
+        singles = [n for n in names if room.helps(per_node[n])]
+        bound = {n: room.bound(per_node[n], index[n], books, movers[n]) for n in singles}
+        singles.sort(key=lambda n: (bound[n], n))
     best: Plan | None = None
-    for name in names:
+    for name in singles:
+        if best is not None and name in bound and best.cost <= bound[name]:
+            break  # no later single move can cost less
         best = _better(best, _trial(engine, books, request, (name,), movers))
     if best is not None:
         return best
-    pairs = sorted(combinations(range(len(names)), 2), key=lambda p: (p[0] + p[1], p))
-    for i, j in pairs[:pair_trials]:
+    tried = 0
+    for i, j in _cheapest_pairs(len(names)):
+        if tried >= pair_trials:
+            break
+        both = _summed(per_node[names[i]], per_node[names[j]])
+        if room is not None and not room.helps(both):
+            continue
+        tried += 1
         best = _better(best, _trial(engine, books, request, (names[i], names[j]), movers))
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """A newcomer of one container that must sit on one node (single-numa-node or
+    restricted, and a node holds its CPUs) and that no node has the CPUs free for: a
+    move helps only if it frees CPUs on a node where then ``ask`` are free, and the
+    moved workload leaves that node (else the newcomer would have fit)."""
+
+    ask: int
+    free: Mapping[int, int]  # node -> free CPUs
+    policy: Policy  # the host's
+
+    @classmethod
+    def of(cls, engine: Engine, books: Books, request: WorkloadRequest) -> _Room | None:
+        if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
+            return None
+        ask, numa = request.containers[0].cpus, engine.cpu_policy.topo.numa
+        free = {n: (books.cpu.available & m).bit_count() for n, m in numa.items()}
+        if not ask or max(free.values(), default=0) >= ask:
+            return None  # not refused by the count: alignment, memory (no pruning then)
+        if not any(m.bit_count() >= ask for m in numa.values()):
+            return None  # no node holds it: a multi-node placement may be preferred
+        return cls(ask, free, engine.policy)
+
+    def helps(self, held: Mapping[int, int]) -> bool:
+        """Whether freeing ``held`` (node -> CPUs) leaves ``ask`` free on a node."""
+        return any(self.free[n] + cpus >= self.ask for n, cpus in held.items())
+
+    def bound(
+        self, held: Mapping[int, int], keys: set[Key], books: Books, mover: Mover
+    ) -> tuple[int, int, int, int]:
+        """The least a single move of a workload (``held``: its CPUs per node) can cost:
+        it gives up at least the CPUs the newcomer lacks on a node it helps on; one on
+        a single node changes nodes; one that must stay on one node (its policy) leaves
+        that node whole, and migrates its pinned memory there."""
+        one = (mover.request.policy or self.policy) in ONE_NODE and len(held) == 1
+        pinned = one and any(books.memory.blocks.get(k) for k in keys)
+        resident = (mover.resident or _split(books, keys)) if pinned else {}
+        return min(
+            (resident.get(n, 0), int(len(held) == 1), cpus if one else self.ask - self.free[n], 1)
+            for n, cpus in held.items()
+            if self.free[n] + cpus >= self.ask
+        )
+
+
+def _per_node(engine: Engine, books: Books, keys: set[Key]) -> dict[int, int]:
+    """A workload's exclusive CPUs on each node (``keys``: its containers)."""
+    held = 0
+    for key in keys:
+        held |= books.cpu.assignments.get(key, 0)
+    numa = engine.cpu_policy.topo.numa
+    return {n: (held & m).bit_count() for n, m in numa.items() if held & m}
+
+
+def _summed(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
+    return {n: a.get(n, 0) + b.get(n, 0) for n in a.keys() | b.keys()}
+
+
+def _cheapest_pairs(n: int) -> Iterator[tuple[int, int]]:
+    """Pairs of ``range(n)`` (candidates, cheapest first), by the sum of their ranks,
+    then the first's: (0, 1), (0, 2), (0, 3), (1, 2), ... made as they are taken."""
+    for total in range(1, 2 * n - 2):
+        for i in range(max(0, total - n + 1), (total + 1) // 2):
+            yield i, total - i
 
 
 def replace_grown(

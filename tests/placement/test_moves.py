@@ -7,13 +7,21 @@ the plan's books, the words, and a grown workload re-placed whole."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import combinations
 
 import pytest
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.placement.admission import Books, ContainerRequest, WorkloadRequest, admit, release
 from numad.placement.explain import Move
-from numad.placement.moves import Mover, candidates, cost, make_room, replace_grown
+from numad.placement.moves import (
+    Mover,
+    _cheapest_pairs,
+    candidates,
+    cost,
+    make_room,
+    replace_grown,
+)
 from numad.placement.policy import Policy
 from tests.placement.test_resize import GIB, books_on, engine_on, small
 
@@ -171,3 +179,9 @@ def test_the_old_books_are_never_changed(seed: int) -> None:
     make_room(ENGINE, books, _request("new", 2 + seed), _movers(books, "abc", SIZES))
     assert (dict(books.cpu.assignments), dict(books.memory.blocks)) == snapshot
     assert release(books, "zzz").cpu.assignments == books.cpu.assignments
+
+
+def test_pairs_come_cheapest_first() -> None:
+    for n in range(12):
+        want = sorted(combinations(range(n), 2), key=lambda p: (p[0] + p[1], p))
+        assert list(_cheapest_pairs(n)) == want
