@@ -41,7 +41,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.placement.admission import Books, Engine, Outcome, WorkloadRequest, admit, release
+from numad.placement.admission import (
+    Books,
+    Engine,
+    Outcome,
+    WorkloadRequest,
+    admit,
+    placements,
+    release,
+)
 from numad.placement.explain import Move
 from numad.placement.managers.memory import MEMORY
 from numad.placement.policy import Policy
@@ -331,7 +339,7 @@ def describe(
     new_cpus, new_mems = _held(after, name)
     old_nodes = NodeSet(topo.numas_of(old_cpus)) | old_mems
     new_nodes = NodeSet(topo.numas_of(new_cpus)) | new_mems
-    measured = resident or _split(before, _keys(before, name))
+    measured = resident or _split(before, {(name, c) for c in placements(before, name)})
     moving = 0
     if new_mems and new_mems != old_mems:
         moving = sum(size for node, size in measured.items() if node not in new_mems)
@@ -357,17 +365,12 @@ def _index(books: Books) -> dict[str, set[Key]]:
     return out
 
 
-def _keys(books: Books, name: str) -> set[Key]:
-    keys = {k for k in books.cpu.assignments if k[0] == name}
-    keys |= {k for k in books.memory.blocks if k[0] == name}
-    return keys | {k for k in books.devices.held if k[0] == name}
-
-
 def _held(books: Books, name: str) -> tuple[int, NodeSet]:
+    """A workload's exclusive CPUs and ``cpuset.mems``, over its containers."""
     cpus, mems = 0, NodeSet()
-    for key in _keys(books, name):
-        cpus |= books.cpu.assignments.get(key, 0)
-        mems |= books.memory.mems(key)
+    for placed in placements(books, name).values():
+        cpus |= placed.cpus.bits
+        mems |= placed.mems
     return cpus, mems
 
 

@@ -23,25 +23,18 @@ from collections import Counter
 import pytest
 
 from numad.cpuset import NodeSet
-from numad.hostfs import HostFS
 from numad.placement.admission import (
     Books,
     ContainerRequest,
-    Engine,
     WorkloadRequest,
     admit,
     release,
 )
-from numad.placement.managers.cpu.state import CPUState
-from numad.placement.managers.cpu.static import StaticOptions, StaticPolicy
-from numad.placement.managers.cpu.topology import CPUTopology
-from numad.placement.managers.device import DeviceInventory, DeviceState
-from numad.placement.managers.memory import MEMORY, MemoryState, MemoryTable
+from numad.placement.managers.memory import MEMORY
 from numad.placement.moves import Mover, Plan, cost, make_room
-from numad.placement.policy import Machine, Policy
-from numad.topology.discover import discover
+from numad.placement.policy import Policy
 from tests.conftest import Machines
-from tests.placement.test_resize_churn import memory_accounted
+from tests.placement.test_resize_churn import empty_host, memory_accounted
 
 STEPS = 2000
 MIB = 1 << 20
@@ -50,16 +43,8 @@ Cost = tuple[int, int, int, int]
 
 class Churn:
     def __init__(self, machines: Machines, name: str, seed: int) -> None:
-        topo = discover(HostFS(machines.root(name)))
-        view = CPUTopology.from_topology(topo)
-        policy = StaticPolicy(view, StaticOptions())
-        self.engine = Engine(Machine(topo.node_ids), policy, Policy.SINGLE_NUMA_NODE)
-        self.books = Books(
-            CPUState(view.all, policy.reserve(2)),
-            MemoryState(MemoryTable.build(topo)),
-            DeviceState(DeviceInventory.build(topo, [])),
-        )
-        self.topo = view
+        self.engine, self.books = empty_host(machines, name, Policy.SINGLE_NUMA_NODE)
+        self.topo = view = self.engine.cpu_policy.topo
         self.rng = random.Random(seed)  # noqa: S311 - seeded: a run is reproducible
         core = view.cpus_per_core or 1
         half = min(m.bit_count() for m in view.numa.values()) // 2

@@ -46,16 +46,8 @@ Key = tuple[str, str]
 
 class Churn:
     def __init__(self, machines: Machines, name: str, seed: int) -> None:
-        topo = discover(HostFS(machines.root(name)))
-        view = CPUTopology.from_topology(topo)
-        policy = StaticPolicy(view, StaticOptions())
-        self.engine = Engine(Machine(topo.node_ids), policy)
-        self.books = Books(
-            CPUState(view.all, policy.reserve(2)),
-            MemoryState(MemoryTable.build(topo)),
-            DeviceState(DeviceInventory.build(topo, [])),
-        )
-        self.topo = view
+        self.engine, self.books = empty_host(machines, name)
+        self.topo = self.engine.cpu_policy.topo
         self.rng = random.Random(seed)  # noqa: S311 - seeded: a run is reproducible
         self.asked: dict[Key, tuple[int, int]] = {}  # (exclusive CPUs, memory bytes)
         self.policies: dict[str, Policy] = {}
@@ -142,6 +134,22 @@ def test_resize_churn_keeps_every_promise(machines: Machines, name: str, seed: i
     for outcome in ("admitted", "grown", "resized", "refused"):
         assert churn.seen[outcome] > 5, churn.seen  # each path really ran
     assert CPUSet.from_bits(churn.books.cpu.shared_pool)
+
+
+def empty_host(
+    machines: Machines, name: str, policy: Policy = Policy.BEST_EFFORT
+) -> tuple[Engine, Books]:
+    """The engine and empty books of a recorded machine: the static CPU policy with 2
+    CPUs reserved, the memory manager on, no devices."""
+    topo = discover(HostFS(machines.root(name)))
+    view = CPUTopology.from_topology(topo)
+    cpu_policy = StaticPolicy(view, StaticOptions())
+    books = Books(
+        CPUState(view.all, cpu_policy.reserve(2)),
+        MemoryState(MemoryTable.build(topo)),
+        DeviceState(DeviceInventory.build(topo, [])),
+    )
+    return Engine(Machine(topo.node_ids), cpu_policy, policy), books
 
 
 def memory_accounted(memory: MemoryState) -> None:
