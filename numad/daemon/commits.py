@@ -153,8 +153,9 @@ class Commits:
         isolation turned off, the ones isolated before get their own cpusets back."""
         held = self.held
         self.isolation.online = held.topology.online_cpus
-        if not self.config.isolate:
-            if self.isolation.originals:
+        if not self.config.isolate or self.enforcer.partitions is not None:
+            # Partitions keep every other cgroup off the exclusive CPUs: none is written.
+            if self.isolation.originals or held.others:
                 self.end_isolation()
             return
         roots = self.config.paths.managed_roots
@@ -193,7 +194,8 @@ class Commits:
             self.log.error("irq_reset_failed", problem=problem)
 
     def end_isolation(self) -> None:
-        """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's)."""
+        """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's);
+        partitions are not touched (``end_partitions``)."""
         for problem in self.isolation.restore():
             self.log.error("cgroup_reset_failed", problem=problem)
         for path in sorted(self.held.others):
@@ -207,6 +209,11 @@ class Commits:
         held = self.held
         with held.lock:
             if held.stopped or not self.config.isolate or not hasattr(held, "books"):
+                return
+            if self.enforcer.partitions is not None:
+                # The kernel keeps a new cgroup off every partition from its mkdir; one
+                # that is a workload's again (its unit restarted) is made one again now.
+                self.partition_again(paths)
                 return
             roots = {r.strip("/") for r in self.config.paths.managed_roots}
             mine = held.owned()
@@ -231,6 +238,18 @@ class Commits:
             pool = held.books.cpu.shared_pool
             self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
+
+    def partition_again(self, paths: list[str]) -> None:
+        """Workload cgroups made again (a restarted unit's) are partitions at once,
+        not at the next pass: the kernel made them as plain members. Cost: the
+        workloads' targets, nothing per other cgroup."""
+        held = self.held
+        made = set(paths)
+        wanted = [t for t in targets(held.books, held.specs, ()) if t.exclusive and t.path in made]
+        for t in wanted:
+            self.enforcer.written.pop(t.path, None)
+        if wanted:
+            self.enforcer.apply(wanted, held.books.cpu.shared_pool)
 
     def units(self) -> dict[str, str]:
         """The workloads' units: their cgroup -> unit."""

@@ -60,6 +60,10 @@ values of the wrong type or outside their range, are errors naming the key
                                       # workload's run on the shared pool (and reserved
                                       # CPUs), never on exclusive CPUs; given every CPU
                                       # back when numad stops
+    partitions = false                # with isolate: make each exclusive set a cgroup v2
+                                      # remote partition (kernel 6.11 or later), which
+                                      # keeps every other cgroup off it with no write to
+                                      # any; dissolved when numad stops
     irq-affinity = false              # move interrupts off exclusive CPUs too, their
                                       # own affinity given back on stop (the unit then
                                       # needs ReadWritePaths=/proc/irq)
@@ -91,7 +95,7 @@ _KEYS = {
     "memory": {"policy", "reserved", "pull", "locality-threshold"},
     "paths": {"cgroup-root", "managed-roots", "state-dir", "socket", "workloads-dir"},
     "daemon": {"reconcile-seconds", "release-grace-seconds"},
-    "host": {"isolate", "irq-affinity"},
+    "host": {"isolate", "partitions", "irq-affinity"},
     "metrics": {"listen", "port", "page"},
 }
 _DEVICE_KEYS = {"vendor", "device", "class-prefix", "driver", "addresses", "pick"}
@@ -135,6 +139,7 @@ class Config:
     reconcile_seconds: float = 10.0
     release_grace_seconds: float = 30.0
     isolate: bool = True
+    partitions: bool = False
     irq_affinity: bool = False
     memory_pull: bool = True
     locality_threshold: float = 0.8
@@ -189,6 +194,7 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
             "release-grace-seconds", d.release_grace_seconds, 0, 86400
         ),
         isolate=section["host"].boolean("isolate", d.isolate),
+        partitions=section["host"].boolean("partitions", d.partitions),
         irq_affinity=section["host"].boolean("irq-affinity", d.irq_affinity),
         memory_pull=memory.boolean("pull", d.memory_pull),
         locality_threshold=memory.fraction("locality-threshold", d.locality_threshold),

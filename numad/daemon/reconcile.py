@@ -271,6 +271,7 @@ class Reconciler:
             held.stopped = True
             try:
                 self.commits.end_isolation()
+                self.enforcer.end_partitions()
             finally:  # whatever that met, the interrupts get theirs back too
                 self.commits.end_irqs()
         self.migrations.stop()  # outside the lock: the mover's report takes it

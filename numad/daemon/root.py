@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 from numad.cpuset import CPUSet
@@ -35,6 +36,7 @@ from numad.errors import CheckpointError
 from numad.host import durable
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.enforce import Enforcer
+from numad.host.exclusive import partitions
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation, Units, host_parts
 from numad.host.migration import Migrations
@@ -90,6 +92,8 @@ class Daemon:
         if self.isolation.problem:
             self.health.set("isolation", self.isolation.problem)
         self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)
+        if config.isolate and config.partitions:
+            self.enforcer.partitions = partitions(cgroups, self.health)
         self.irqs = IrqAffinity(Path(str(fs.root)) / "proc/irq", state_dir, log)
         if self.irqs.problem:
             self.health.set("irqs", self.irqs.problem)
@@ -113,6 +117,9 @@ class Daemon:
         )
         self.views = Views(held, config, self.metrics, self.isolation, self.irqs, self.migrations)
         self.views.clock = clock
+        enforcer = self.enforcer
+        if enforcer.partitions is not None:
+            self.views.partitions = partial(enforcer.partitions.view, enforcer.grants)
         self.reconciler = Reconciler(
             held,
             self.commits,

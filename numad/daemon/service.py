@@ -73,7 +73,10 @@ def build(config: Config, root: str | None) -> Daemon:
     if not (cgroup_root / "cgroup.controllers").exists():
         topo = discover(fs)
         make_scratch_v2(
-            cgroup_root, topo.online_cpus, NodeSet(n.id for n in topo.nodes if n.memory_total_kb)
+            cgroup_root,
+            topo.online_cpus,
+            NodeSet(n.id for n in topo.nodes if n.memory_total_kb),
+            partitions=config.partitions,  # a kernel that offers them, if asked for
         )
     cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
     paths = replace(

@@ -43,6 +43,8 @@ class Views:
         self.irqs = irqs
         self.migrations = migrations
         self.clock: Callable[[], float] = time.monotonic  # the daemon's, set by it
+        # Each exclusive grant's partition ([host] partitions), set by the daemon.
+        self.partitions: Callable[[], list[dict[str, str]]] = list
 
     def holding(self, name: str) -> Outcome:
         """What an admitted workload holds (and why, where this numad decided it)."""
@@ -110,6 +112,7 @@ class Views:
                 "shared": str(CPUSet.from_bits(held.books.cpu.shared_pool)),
                 "reserved": str(CPUSet.from_bits(held.books.cpu.reserved)),
                 "isolated": isolated,
+                "partitions": self.partitions(),
                 "unmovable": unmovable(self.isolation.root, exclusive),
                 "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
             }

@@ -24,8 +24,10 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.errors import CgroupError, NumadError
+from numad.errors import NumadError
 from numad.host.cgroup.path import MAX_DEPTH
+from numad.host.drift import find_drift
+from numad.host.exclusive import Partitions
 from numad.host.targets import Cgroups, Listing, Log, Moves, Scan, Target, related_to, union
 from numad.observe import EnforcementCounters, Problems
 from numad.workload.shape import WorkloadSpec
@@ -48,6 +50,7 @@ class Enforcer:
         # its removal. No other cgroup is given these CPUs meanwhile.
         self.grants: dict[str, int] = {}
         self.moves: Moves | None = None  # None: every mems write is made here
+        self.partitions: Partitions | None = None  # grants as remote partitions
 
     def scan(self, roots: Iterable[str]) -> Scan:
         """The managed trees listed, and every cgroup numad wrote read back: the
@@ -277,10 +280,7 @@ class Enforcer:
                 wide = self.moves.interim(path, mems)
             now = mems if wide is None else wide
             self.cgroups.write(path, CPUSet.from_bits(cpus), now)
-            if exclusive:  # the file holds it now, whatever the kernel applies
-                self.grants[path] = cpus
-            else:
-                self.grants.pop(path, None)
+            self._hold_grant(path, cpus if exclusive else 0)
             self.problems.clear(f"write:{path}")
             if wide is not None and mems is not None and self.moves is not None:
                 self.moves.narrow(path, mems, wide)
@@ -305,10 +305,41 @@ class Enforcer:
         self.problems.set(f"write:{path}", f"{err}; retried every reconcile pass")
         self.log.error("cgroup_write_failed", cgroup=path, problem=str(err))
 
+    def _hold_grant(self, path: str, cpus: int) -> None:
+        """The cgroup's file holds ``cpus`` as an exclusive grant now, whatever the
+        kernel applies (0: a shared set, its grant ended); a partition where numad
+        makes them."""
+        if not cpus:
+            self._end_grant(path)
+            return
+        self.grants[path] = cpus
+        if self.partitions is not None:
+            self.partitions.grant(path, cpus, self.grants)
+
+    def _end_grant(self, path: str) -> None:
+        """The cgroup holds no exclusive grant now: its partition, if any, is dissolved."""
+        if self.grants.pop(path, None) is not None and self.partitions is not None:
+            self.partitions.end(path, self.grants)
+
+    def end_partitions(self) -> None:
+        """Every partition dissolved (numad stops); the grants stay in the files."""
+        if self.partitions is None:
+            return
+        left = dict(self.grants)
+        for path in sorted(self.grants):
+            left.pop(path)
+            try:
+                self.partitions.end(path, left)
+            except NumadError as err:
+                self.log.error("partition_end_failed", cgroup=path, problem=str(err))
+
     def forget(self, path: str) -> None:
         """Drop everything known about a cgroup that is gone or no longer numad's."""
         self.written.pop(path, None)
-        self.grants.pop(path, None)
+        try:
+            self._end_grant(path)
+        except NumadError as err:
+            self.log.error("partition_end_failed", cgroup=path, problem=str(err))
         self.ensured.discard(path)
         self.drift.pop(path, None)
         for kind in ("write", "effective", "grant"):
@@ -345,51 +376,9 @@ class Enforcer:
         return False
 
     def find_drift(self, passes: int, scan: Scan | None = None) -> int:
-        """Every cpuset numad wrote, as read back (by ``scan`` before the lock, where
-        given: a cgroup written since is left to the next pass); one another writer
-        changed is forgotten, so the pass writes it again, and counted. A cgroup that
-        keeps drifting is repaired less and less often (up to every 64th pass) instead
-        of fighting the other writer. Returns the number of repairs."""
-        repairs = 0
-        reads = scan.reads if scan is not None else None
-        for path, (cpus, wanted) in list(self.written.items()):
-            # The mover has yet to write the mems: only the CPUs are numad's yet.
-            moving = self.moves is not None and self.moves.drifting(path)
-            mems = None if moving else wanted
-            try:
-                if reads is None:
-                    now: tuple[CPUSet, NodeSet] | None = self.cgroups.read(path)
-                elif path in reads and reads[path][0] == (cpus, wanted):
-                    now = reads[path][1]
-                else:
-                    continue  # written since the scan read it
-                if now is None:
-                    raise CgroupError(path, "unreadable when scanned")
-                now_cpus, now_mems = now
-            except NumadError:
-                self.written.pop(path, None)  # gone or unreadable: rewrite if it is back
-                continue
-            if now_cpus.bits == cpus and (mems is None or now_mems == mems):
-                self.drift.pop(path, None)
-                continue
-            count, due = self.drift.get(path, (0, 0))
-            if passes < due:
-                continue  # backing off
-            count += 1
-            wait = 0 if count < 3 else min(64, 2 ** (count - 2))
-            self.drift[path] = (count, passes + wait)
-            self.written.pop(path)
-            self.metrics.drift_repairs.inc()
-            repairs += 1
-            self.log.warning(
-                "cpuset_drift_repaired",
-                cgroup=path,
-                found=now_cpus.format_list(),
-                wanted=CPUSet.from_bits(cpus).format_list(),
-                in_a_row=count,
-                next_repair_in_passes=wait,
-            )
-        return repairs
+        """Every cpuset numad wrote that another writer changed, forgotten so the pass
+        writes it again (``numad.host.drift``); the number of repairs."""
+        return find_drift(self, passes, scan)
 
 
 def _alive(pid: int) -> bool:

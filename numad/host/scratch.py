@@ -20,10 +20,19 @@ from numad.host.cgroup.v1 import CgroupV1Backend
 from numad.host.cgroup.v2 import CgroupV2Backend
 
 
-def make_scratch_v2(root: Path, cpus: CPUSet, mems: NodeSet, cgroups: Iterable[str] = ()) -> None:
+def make_scratch_v2(
+    root: Path,
+    cpus: CPUSet,
+    mems: NodeSet,
+    cgroups: Iterable[str] = (),
+    *,
+    partitions: bool = False,
+) -> None:
     """Lay out a v2 root cgroup at ``root`` (the machine's ``cpus``/``mems``) and ``cgroups``.
 
     Like the kernel's root cgroup it has effective files but no ``cpuset.cpus``.
+    ``partitions``: its kernel offers remote partitions, as 6.7 and later do (the
+    root lists ``cpuset.cpus.isolated``, every cgroup has the partition files).
     """
     root.mkdir(parents=True, exist_ok=True)
     files = {
@@ -34,7 +43,7 @@ def make_scratch_v2(root: Path, cpus: CPUSet, mems: NodeSet, cgroups: Iterable[s
         "cpuset.mems.effective": mems.format_list(),
         SCRATCH_MARKER: "a scratch cgroup v2 tree made by numad; its kernel is emulated",
     }
-    kernel_files(root, files)
+    kernel_files(root, files | ({"cpuset.cpus.isolated": ""} if partitions else {}))
     _make_cgroups(CgroupV2Backend, root, cgroups)
 
 

@@ -27,6 +27,8 @@ from typing import TypeVar
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.host.cgroup.hierarchy import read_and_close
+from numad.host.cgroup.partitions import FILES as PARTITION_FILES
+from numad.host.cgroup.partitions import Partitions, offered
 
 _S = TypeVar("_S", CPUSet, NodeSet)
 
@@ -102,9 +104,17 @@ def _ids(kind: type[_S], file: Path) -> _S:
 
 
 class KernelV2:
-    """What cgroupfs v2 does on its own, emulated on scratch trees."""
+    """What cgroupfs v2 does on its own, emulated on scratch trees; with remote
+    partitions where the tree's root offers them (``numad.host.cgroup.partitions``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.partitions: Partitions | None = None
+        if offered(root):
+            self.partitions = Partitions(root, _kernel_read, _kernel_write)
 
     def mkdir(self, d: Path) -> None:
+        self.prune()
         d.mkdir()
         enabled = _kernel_read(d.parent / "cgroup.subtree_control").split()
         files = {"cgroup.controllers": " ".join(enabled), "cgroup.subtree_control": ""}
@@ -130,6 +140,7 @@ class KernelV2:
                 self._complete(level)
 
     def _complete(self, d: Path) -> None:
+        self.prune()
         enabled = _kernel_read(d.parent / "cgroup.subtree_control").split()
         files = {
             "cgroup.controllers": " ".join(enabled),
@@ -147,6 +158,10 @@ class KernelV2:
         makes of it."""
         if file.name == "cgroup.subtree_control":
             self._subtree_control(file.parent, value, write_file)
+            return
+        if file.name in ("cpuset.cpus.exclusive", "cpuset.cpus.partition"):
+            self.prune()
+            self._partition(file, value)
             return
         if file.name in ("cpuset.cpus", "cpuset.mems"):
             try:
@@ -178,27 +193,84 @@ class KernelV2:
             if "cpuset" in enabled and not (child / "cpuset.cpus").exists():
                 self._add_cpuset(child)
 
+    def _partition(self, file: Path, value: str) -> None:
+        """A write to a partition file: refused where the kernel offers none (the file
+        would not exist), checked, and every effective set refreshed if the
+        partitions changed."""
+        if self.partitions is None or not file.exists():
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(file))
+        if file.name == "cpuset.cpus.exclusive":
+            try:
+                cpus = CPUSet.parse_list(value)
+            except ValueError as err:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(file)) from err
+            changed = self.partitions.write_exclusive(file.parent, cpus)
+        else:
+            changed = self.partitions.write_partition(file.parent, value.strip())
+        if changed:
+            self._refresh_all()
+
+    def prune(self) -> None:
+        """Removed cgroups' partitions end (the real kernel ends them at the rmdir)."""
+        if self.partitions is not None and self.partitions.prune():
+            self._refresh_all()
+
+    def _refresh_all(self) -> None:
+        """Every cgroup's effective CPUs after the partitions changed (mems do not)."""
+        assert self.partitions is not None
+        parts = self.partitions.valid()
+        top = _ids(CPUSet, self.root / "cpuset.cpus.effective")
+        for child in _children(self.root):
+            if (child / "cpuset.cpus").exists():
+                self._refresh_cpus(child, child.name, top, parts)
+
+    def _refresh_cpus(
+        self, d: Path, key: str, inherited: CPUSet, parts: Mapping[str, CPUSet]
+    ) -> None:
+        own = parts.get(key)
+        if own is None:
+            own = (_ids(CPUSet, d / "cpuset.cpus") & inherited) or inherited
+        text = f"{own.format_list()}\n"
+        effective = d / "cpuset.cpus.effective"
+        with contextlib.suppress(FileNotFoundError):
+            if _kernel_read(effective) == text:
+                text = ""
+        if text:
+            _kernel_write(effective, text)
+        for child in _children(d):
+            if (child / "cpuset.cpus").exists():
+                self._refresh_cpus(child, f"{key}/{child.name}", own, parts)
+
     def _add_cpuset(self, d: Path) -> None:
-        kernel_files(d, {"cpuset.cpus": "", "cpuset.mems": ""})
+        files = {"cpuset.cpus": "", "cpuset.mems": ""}
+        kernel_files(d, files | (PARTITION_FILES if self.partitions is not None else {}))
         self._refresh(d)
 
-    def _refresh(self, d: Path) -> None:
-        """Effective = configured ∩ parent's effective, or the parent's if that is empty;
-        the children's follow where this one's changed."""
-        cpus = _refresh_effective(CPUSet, d, "cpus")
+    def _refresh(self, d: Path, parts: Mapping[str, CPUSet] | None = None) -> None:
+        """Effective = configured ∩ parent's effective, or the parent's if that is empty
+        (a valid partition's: its exclusive CPUs); the children's follow where this
+        one's changed."""
+        if parts is None and self.partitions is not None:
+            parts = self.partitions.valid()
+        own = (parts or {}).get(d.relative_to(self.root).as_posix())
+        cpus = _refresh_effective(CPUSet, d, "cpus", own)
         mems = _refresh_effective(NodeSet, d, "mems")
         if not (cpus or mems):
             return
         for child in _children(d):
             if (child / "cpuset.cpus").exists():
-                self._refresh(child)
+                self._refresh(child, parts)
 
 
-def _refresh_effective(kind: type[_S], d: Path, name: str) -> bool:
-    """Write ``d``'s effective set; False when it already held it."""
-    inherited = _ids(kind, d.parent / f"cpuset.{name}.effective")
-    own = _ids(kind, d / f"cpuset.{name}") & inherited
-    text = f"{(own or inherited).format_list()}\n"
+def _refresh_effective(kind: type[_S], d: Path, name: str, fixed: _S | None = None) -> bool:
+    """Write ``d``'s effective set (``fixed`` where given: a partition's); False when
+    it already held it."""
+    if fixed is not None:
+        text = f"{fixed.format_list()}\n"
+    else:
+        inherited = _ids(kind, d.parent / f"cpuset.{name}.effective")
+        own = _ids(kind, d / f"cpuset.{name}") & inherited
+        text = f"{(own or inherited).format_list()}\n"
     effective = d / f"cpuset.{name}.effective"
     with contextlib.suppress(FileNotFoundError):
         if _kernel_read(effective) == text:

@@ -197,7 +197,8 @@ _PERMISSION = (
 _MEANINGS: Mapping[int, tuple[str, str | None]] = {
     errno.EINVAL: (
         "the kernel rejected the value (CPUs or nodes outside the parent's effective set,"
-        " a node that does not exist, or a malformed list)",
+        " exclusive CPUs outside the parent's or a sibling's, a node that does not exist,"
+        " or a malformed list)",
         "compare it with the parent's cpuset.cpus.effective and cpuset.mems.effective",
     ),
     errno.ERANGE: (

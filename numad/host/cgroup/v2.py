@@ -27,7 +27,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.host.cgroup.emulation import KernelV2
 from numad.host.cgroup.hierarchy import Hierarchy, read_and_close
-from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath
+from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath, as_path
 
 ADOPTED_KEPT = 100_000  # scratch directories remembered as complete (then forgotten)
 
@@ -96,7 +96,7 @@ class CgroupV2Backend(Hierarchy):
         self._kernel: KernelV2 | None = None
         self._adopted: dict[Path, int] = {}  # scratch directories completed, by inode
         if emulate_kernel:
-            self._kernel = KernelV2()
+            self._kernel = KernelV2(self._real_root)
 
     def _locate(self, path: CgroupPath | str) -> tuple[CgroupPath, CgroupPath, Path]:
         found = super()._locate(path)
@@ -159,6 +159,41 @@ class CgroupV2Backend(Hierarchy):
             cpus = _read_optional(d / "cpuset.cpus.effective")
             mems = _read_optional(d / "cpuset.mems.effective")
             return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
+
+    # -- remote partitions (kernel >= 6.7; numad.host.exclusive) ----------------------------
+
+    def partitions_offered(self) -> bool:
+        """Whether the kernel offers remote partitions: its root cgroup lists the
+        isolated CPUs (``cpuset.cpus.isolated``, from 6.7 on, with
+        ``cpuset.cpus.exclusive``)."""
+        return (self._real_root / "cpuset.cpus.isolated").is_file()
+
+    def partition(self, path: CgroupPath | str) -> tuple[CPUSet, str]:
+        """A cgroup's ``cpuset.cpus.exclusive`` and ``cpuset.cpus.partition`` (``member``,
+        ``root``, or ``root invalid (why)``); a level above a managed root too."""
+        cg, d = self._level(path)
+        with self._kernel_mutex, self._failures(cg, "reading its cpuset partition", d):
+            cpus = _read_file(d / "cpuset.cpus.exclusive")
+            state = _read_file(d / "cpuset.cpus.partition")
+            return CPUSet.parse_list(cpus), state.strip()
+
+    def write_exclusive(self, path: CgroupPath | str, cpus: CPUSet) -> None:
+        cg, d = self._level(path)
+        self._write(cg, d / "cpuset.cpus.exclusive", cpus.format_list())
+
+    def write_partition(self, path: CgroupPath | str, state: str) -> None:
+        cg, d = self._level(path)
+        self._write(cg, d / "cpuset.cpus.partition", state)
+
+    def _level(self, path: CgroupPath | str) -> tuple[CgroupPath, Path]:
+        """A cgroup inside a managed root, or a level above one (a partition's
+        exclusive CPUs are written down every level from the top)."""
+        cg = as_path(path)
+        for root in self.managed_roots:
+            if root.is_within(cg) and root != cg:
+                return cg, self._real(cg, cg)
+        located, _, d = self._locate(cg)
+        return located, d
 
     def processes(self, path: CgroupPath | str) -> list[int]:
         cg, _, d = self._locate(path)

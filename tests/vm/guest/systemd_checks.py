@@ -880,6 +880,126 @@ def test_a_podman_container_numad_rejects_fails_with_numads_reason() -> None:
     assert all("rejected" in line and "failing its start" in line for line in refused), logged
 
 
+# -- exclusive sets as cgroup v2 remote partitions ([host] partitions, issue 23) -----------
+
+
+def restart_with(config: str) -> None:
+    (CONFIG_DIR / "numad.toml").write_text(config)
+    systemctl("restart", UNIT)
+    wait_for(answers, "numad to answer after its restart")
+
+
+def first_allowed(slice_: str, name: str) -> CPUSet:
+    """The CPUs a unit started now in ``slice_`` may run on at the first sample of its
+    process (taken as soon as systemd names it)."""
+    runner = threading.Thread(
+        target=run_transient, args=(name, "sleep", "600"), kwargs={"slice_": slice_}
+    )
+    runner.start()
+    first = None
+    deadline = time.monotonic() + WAIT
+    while first is None and time.monotonic() < deadline:
+        with contextlib.suppress(AssertionError, ValueError, OSError):
+            pid = main_pid(f"{name}.service")
+            if pid:
+                first = allowed(pid)[0]
+        time.sleep(0.005)
+    runner.join(WAIT)
+    systemctl("stop", f"{name}.service")
+    assert first is not None, f"{name}.service never ran"
+    return first
+
+
+def test_with_partitions_no_other_cgroup_is_written_or_runs_on_exclusive_cpus() -> None:
+    """``[host] partitions = true``. Where the kernel offers remote partitions (6.12), each
+    exclusive grant is one: numad writes no other cgroup (system.slice gets its own
+    setting back), the root's effective CPUs leave the exclusive ones out, the hog never
+    runs there, and a unit started now in numad.slice or system.slice may not run there
+    from the first sample of its process. Where it does not (6.1), health names the
+    kernel and numad isolates every other cgroup as before. Then back to the config
+    without partitions: numad's stop dissolved them and it isolates cgroup by cgroup."""
+    restart_with(CONFIG + "\n[host]\npartitions = true\n")
+    exclusive, shared = host_sets()
+    assert exclusive, "nothing exclusive: the check would prove nothing"
+    problems = api("GET", "/v1/health")["problems"]
+    offered = (CGROUP_ROOT / "cpuset.cpus.isolated").is_file()
+    try:
+        if not offered:
+            assert any("offers no cpuset partitions" in p for p in problems), problems
+            hog_stays_off(exclusive, shared, "with partitions asked for but not offered")
+            figure(check="partitions", offered=False)
+            return
+        assert not [p for p in problems if "partition" in p], problems
+        assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "root"
+        assert cpuset(WORKLOAD_CGROUP, "cpus.exclusive") == PLACED["cpus"]
+        assert allowed(main_pid(f"{WORKLOAD}.service"))[0] == CPUSet.parse_list(PLACED["cpus"])
+        assert api("GET", "/v1/host")["isolated"] == []  # no cgroup written one by one
+        root = CPUSet.parse_list(cpuset("", "cpus.effective"))
+        assert not root & exclusive, (root, exclusive)
+        assert not CPUSet.parse_list(cpuset("system.slice", "cpus.effective")) & exclusive
+        seen = []
+        with hog_running() as pid:
+            assert not allowed(pid)[0] & exclusive, allowed(pid)
+            for _ in range(300):
+                seen.append(processor(pid))
+                time.sleep(0.002)
+        assert not CPUSet(seen) & exclusive, (seen, exclusive)
+        firsts = {s: first_allowed(s, f"part-{s.split('.')[0]}") for s in SLICES}
+        costs = {n: admission_seconds(n) for n in (0, 1000)}
+        for slice_, first in firsts.items():
+            assert not first & exclusive, (slice_, first, exclusive)
+        figure(
+            check="partitions",
+            offered=True,
+            exclusive=str(exclusive),
+            root_effective=str(root),
+            hog_samples=len(seen),
+            hog_seen=str(CPUSet(seen)),
+            **{f"first_allowed_{s}": str(c) for s, c in firsts.items()},
+            **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
+        )
+    finally:
+        restart_with(CONFIG)
+    # numad stopped: its partitions dissolved; started without them: isolation as before.
+    assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "member"
+    exclusive, shared = host_sets()
+
+    def told() -> bool:
+        return systemd_cpus(prop("system.slice", "AllowedCPUs")) == shared
+
+    wait_for(told, "systemd to hold numad's AllowedCPUs= for system.slice again")
+    hog_stays_off(exclusive, shared, "after partitions were turned off")
+
+
+SLICES = ("numad.slice", "system.slice")
+
+
+def admission_seconds(strays: int, cycles: int = 5) -> list[float]:
+    """Each of ``cycles`` admissions of a 1-CPU workload (the API's answer, with its
+    partition made) beside ``strays`` empty cgroups made in numad.slice first: the
+    real kernel's part of a partition change, which walks every cpuset."""
+    slice_ = CGROUP_ROOT / "numad.slice"
+    made = [slice_ / f"stray{i}" for i in range(strays)]
+    for d in [*made, slice_ / "pt"]:
+        d.mkdir(exist_ok=True)
+    out = []
+    try:
+        for _ in range(cycles):
+            start = time.monotonic()
+            api("POST", "/v1/workloads", {"name": "pt", "cgroup": "numad.slice/pt", "cpus": 1})
+            out.append(time.monotonic() - start)
+            assert cpuset("numad.slice/pt", "cpus.partition") == "root"
+            granted = CPUSet.parse_list(cpuset("numad.slice/pt", "cpus.exclusive"))
+            for d in made[:: max(1, strays // 20)]:
+                assert not CPUSet.parse_list((d / "cpuset.cpus.effective").read_text()) & granted
+            api("DELETE", "/v1/workloads/pt")
+    finally:
+        for d in [*made, slice_ / "pt"]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    return out
+
+
 def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
     before = show(UNIT, "MainPID", "NRestarts")
     hung = int(before["MainPID"])

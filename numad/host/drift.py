@@ -1,0 +1,86 @@
+"""Drift: a cpuset numad wrote, changed since by another writer (an admin, a
+service manager, a container runtime), found by reading it back each pass.
+
+Host side; works on the enforcer's memory of what it wrote (``numad.host.enforce``).
+Cost: one read per cgroup numad wrote (made by the pass's scan before the lock),
+and per exclusive grant kept as a partition one read of its partition file.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.errors import CgroupError, NumadError
+from numad.host.exclusive import Partitions
+from numad.host.targets import Cgroups, Log, Moves, Scan
+from numad.observe import EnforcementCounters
+
+
+class Enforcer(Protocol):
+    """What drift is found on (``numad.host.enforce.Enforcer``)."""
+
+    cgroups: Cgroups
+    metrics: EnforcementCounters
+    log: Log
+    written: dict[str, tuple[int, NodeSet | None]]
+    drift: dict[str, tuple[int, int]]
+    grants: dict[str, int]
+    moves: Moves | None
+    partitions: Partitions | None
+
+
+def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int:
+    """Every cpuset numad wrote, as read back (by ``scan`` before the lock, where
+    given: a cgroup written since is left to the next pass); one another writer
+    changed is forgotten, so the pass writes it again, and counted. A cgroup that
+    keeps drifting is repaired less and less often (up to every 64th pass) instead
+    of fighting the other writer. Returns the number of repairs."""
+    repairs = 0
+    reads = scan.reads if scan is not None else None
+    for path, (cpus, wanted) in list(enforcer.written.items()):
+        # The mover has yet to write the mems: only the CPUs are numad's yet.
+        moving = enforcer.moves is not None and enforcer.moves.drifting(path)
+        mems = None if moving else wanted
+        try:
+            if reads is None:
+                now: tuple[CPUSet, NodeSet] | None = enforcer.cgroups.read(path)
+            elif path in reads and reads[path][0] == (cpus, wanted):
+                now = reads[path][1]
+            else:
+                continue  # written since the scan read it
+            if now is None:
+                raise CgroupError(path, "unreadable when scanned")
+            now_cpus, now_mems = now
+        except NumadError:
+            enforcer.written.pop(path, None)  # gone or unreadable: rewrite if it is back
+            continue
+        lost = _lost(enforcer, path, cpus)
+        if now_cpus.bits == cpus and (mems is None or now_mems == mems) and not lost:
+            enforcer.drift.pop(path, None)
+            continue
+        count, due = enforcer.drift.get(path, (0, 0))
+        if passes < due:
+            continue  # backing off
+        count += 1
+        wait = 0 if count < 3 else min(64, 2 ** (count - 2))
+        enforcer.drift[path] = (count, passes + wait)
+        enforcer.written.pop(path)
+        enforcer.metrics.drift_repairs.inc()
+        repairs += 1
+        enforcer.log.warning(
+            "cpuset_drift_repaired",
+            cgroup=path,
+            found=now_cpus.format_list(),
+            wanted=CPUSet.from_bits(cpus).format_list(),
+            in_a_row=count,
+            next_repair_in_passes=wait,
+        )
+    return repairs
+
+
+def _lost(enforcer: Enforcer, path: str, cpus: int) -> bool:
+    """Whether the cgroup's grant should be a partition and is not (undone by
+    another writer, or the kernel dissolved it)."""
+    partitions = enforcer.partitions
+    return partitions is not None and path in enforcer.grants and not partitions.holds(path, cpus)

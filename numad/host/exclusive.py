@@ -1,0 +1,145 @@
+"""Exclusive sets as cgroup v2 remote partitions (``[host] partitions = true``).
+
+A valid partition takes its CPUs out of the root cgroup's effective set, and so out
+of every cgroup outside it: no other cgroup is written, however many there are, and
+a cgroup made later never has them. numad makes each exclusive grant a partition:
+the workload cgroup's ``cpuset.cpus.exclusive`` is its CPUs, every level above it
+(from the top-level cgroup down) names the exclusive CPUs of the partitions below
+it, and its ``cpuset.cpus.partition`` is ``root``. The kernel refuses exclusive
+CPUs that a sibling names, so two partitions never share a CPU whatever numad does;
+the enforcer still orders the grants as without partitions (a CPU is given up
+before it is granted elsewhere), and each level gives CPUs up before any level
+takes them.
+
+A partition the kernel does not take (``root invalid (why)``) is a problem under
+the cgroup's name, retried every pass: its CPUs are then not exclusive. Where a
+grant ends (a release, a shared write, the cgroup gone) the partition is dissolved
+and the levels above give its CPUs up. Cost: per grant, a read and at most two
+writes per level above it, and a union over the grants; nothing per other cgroup.
+
+Edge module: writes only through the v2 backend it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from numad.cpuset import CPUSet
+from numad.errors import CgroupError
+from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.observe import Problems
+
+
+class PartitionBackend(Protocol):
+    def partition(self, path: str) -> tuple[CPUSet, str]: ...
+    def write_exclusive(self, path: str, cpus: CPUSet) -> None: ...
+    def write_partition(self, path: str, state: str) -> None: ...
+    def exists(self, path: str) -> bool: ...
+
+
+class Partitions:
+    """Grants made and ended as remote partitions, through ``backend``."""
+
+    def __init__(self, backend: PartitionBackend) -> None:
+        self.backend = backend
+
+    def grant(self, path: str, cpus: int, grants: Mapping[str, int]) -> None:
+        """Make ``path`` a partition of ``cpus`` (``grants``: every grant, this one
+        included); CgroupError where the kernel refuses it or leaves it invalid."""
+        want = CPUSet.from_bits(cpus)
+        try:
+            have, state = self.backend.partition(path)
+            if have - want:  # the CPUs it gives up first, so that the levels above can
+                self.backend.write_exclusive(path, have & want)
+            self._levels(path, grants)
+            if have != want:
+                self.backend.write_exclusive(path, want)
+            if state != "root":
+                self.backend.write_partition(path, "root")
+            now, state = self.backend.partition(path)
+        except CgroupError as err:
+            raise CgroupError(
+                path, f"making it a partition of cpus {want.format_list()}: {err}"
+            ) from err
+        if state != "root" or now != want:
+            raise CgroupError(
+                path,
+                f"the kernel did not make it a partition of cpus {want.format_list()}"
+                f" (cpuset.cpus.partition: {state!r}); its CPUs are not exclusive",
+                "look for exclusive CPUs that a cgroup beside it or above it names",
+            )
+
+    def end(self, path: str, grants: Mapping[str, int]) -> None:
+        """Dissolve ``path``'s partition (if the cgroup is still there) and give its
+        CPUs up at every level above it (``grants``: every grant left)."""
+        if self.backend.exists(path):
+            have, state = self.backend.partition(path)
+            if state != "member":
+                self.backend.write_partition(path, "member")
+            if have:
+                self.backend.write_exclusive(path, CPUSet())
+        self._levels(path, grants)
+
+    def holds(self, path: str, cpus: int) -> bool:
+        """Whether ``path`` is a valid partition of ``cpus`` now."""
+        try:
+            have, state = self.backend.partition(path)
+        except CgroupError:
+            return False
+        return state == "root" and have.bits == cpus
+
+    def view(self, grants: Mapping[str, int]) -> list[dict[str, str]]:
+        """Each grant's partition as the kernel holds it (``numad host``)."""
+        out = []
+        for path, cpus in sorted(grants.items()):
+            try:
+                have, state = self.backend.partition(path)
+                named = have.format_list()
+            except CgroupError as err:
+                named, state = "", f"unreadable: {err}"
+            granted = CPUSet.from_bits(cpus).format_list()
+            out.append({"cgroup": path, "cpus": granted, "exclusive": named, "state": state})
+        return out
+
+    def _levels(self, path: str, grants: Mapping[str, int]) -> None:
+        """Each level above ``path`` names exactly the grants below it: first every
+        level gives up what it names no more (deepest first, as a child's exclusive
+        CPUs must stay inside its parent's), then every level takes what it lacks
+        (top first)."""
+        parts = path.split("/")
+        levels = ["/".join(parts[:depth]) for depth in range(1, len(parts))]
+        want = {level: _below(level, grants) for level in levels}
+        have = {level: self.backend.partition(level)[0] for level in levels}
+        for level in reversed(levels):
+            kept = have[level] & want[level]
+            if kept != have[level]:
+                self.backend.write_exclusive(level, kept)
+                have[level] = kept
+        for level in levels:
+            if have[level] != want[level]:
+                self.backend.write_exclusive(level, want[level])
+
+
+def _below(level: str, grants: Mapping[str, int]) -> CPUSet:
+    prefix = level + "/"
+    found = 0
+    for path, cpus in grants.items():
+        if path.startswith(prefix):
+            found |= cpus
+    return CPUSet.from_bits(found)
+
+
+def partitions(cgroups: object, health: Problems) -> Partitions | None:
+    """Grants as partitions where the kernel offers them (``[host] partitions``); else
+    a health problem saying why, and numad isolates cgroup by cgroup."""
+    if isinstance(cgroups, CgroupV2Backend) and cgroups.partitions_offered():
+        health.clear("partitions")
+        return Partitions(cgroups)
+    health.set(
+        "partitions",
+        "[host] partitions = true, but this kernel offers no cpuset partitions"
+        " (cgroup v2 with cpuset.cpus.exclusive, Linux 6.7 or later; numad's rules are"
+        " 6.11's): numad isolates every other cgroup one by one instead",
+    )
+    return None

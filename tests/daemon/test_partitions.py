@@ -1,0 +1,229 @@
+"""Exclusive sets as cgroup v2 remote partitions (issue 23, ``[host] partitions``).
+
+On the recorded 2-socket machine with a scratch v2 tree whose emulated kernel offers
+remote partitions (``numad.host.cgroup.partitions``: 6.11's rules). The kernel part
+is emulated here; the VM tier's 6.12 kernel is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.cpuset import CPUSet
+from numad.daemon.root import Daemon
+from numad.host.cgroup import v2
+from numad.host.cgroup.partitions import REGISTRY
+from numad.host.scratch import scratch_mkdir
+from tests.conftest import Machines, recorded_daemon, restarted_daemon
+
+PARTITIONS = {"host": {"partitions": True}}
+
+
+def _tree(daemon: Daemon) -> Path:
+    return Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+
+
+def _effective(daemon: Daemon, path: str) -> CPUSet:
+    return CPUSet.parse_list((_tree(daemon) / path / "cpuset.cpus.effective").read_text())
+
+
+def _partitions(daemon: Daemon) -> dict[str, CPUSet]:
+    """The valid partitions, as the emulated kernel keeps them."""
+    file = _tree(daemon) / REGISTRY
+    if not file.exists():
+        return {}
+    parts = json.loads(file.read_text())["partitions"]
+    return {p: CPUSet.parse_list(c) for p, c in parts.items()}
+
+
+def _admit(daemon: Daemon, name: str, cgroup: str, cpus: int) -> bool:
+    spec = {"name": name, "cgroup": cgroup, "cpus": cpus}
+    return daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+
+
+def _written(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every cgroup file numad writes from now on (the v2 backend's one writer)."""
+    files: list[str] = []
+    real = v2.CgroupV2Backend._write
+
+    def counted(self: v2.CgroupV2Backend, cg: Any, file: Path, value: str) -> None:
+        files.append(f"{cg}/{file.name}")
+        real(self, cg, file, value)
+
+    monkeypatch.setattr(v2.CgroupV2Backend, "_write", counted)
+    return files
+
+
+def test_a_grant_is_a_partition_and_no_other_cgroup_is_written(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    strays = [f"numad.slice/stray{i}" for i in range(200)]
+    for path in strays:
+        scratch_mkdir(tree, path)
+    daemon.reconcile()
+    files = _written(monkeypatch)
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    cpus = _partitions(daemon)["numad.slice/db"]
+    assert len(cpus) == 4
+    # The admission wrote the workload's cgroup and the level above it, nothing else.
+    assert {f.rsplit("/", 1)[0] for f in files} <= {"numad.slice/db", "numad.slice"}
+    assert "numad.slice/db/cpuset.cpus.partition" in files
+    for path in strays:
+        assert not _effective(daemon, path) & cpus, path
+    # A cgroup made now is off them from its mkdir: no event, no pass.
+    scratch_mkdir(tree, "numad.slice/late")
+    assert not _effective(daemon, "numad.slice/late") & cpus
+    assert _effective(daemon, "numad.slice/db") == cpus
+    assert not (daemon.state_dir / "isolation.json").exists()  # nothing isolated one by one
+    shown = daemon.host()
+    assert shown["isolated"] == []
+    assert shown["partitions"] == [
+        {"cgroup": "numad.slice/db", "cpus": str(cpus), "exclusive": str(cpus), "state": "root"}
+    ]
+    daemon.release("db")
+    assert _partitions(daemon) == {}
+    assert _effective(daemon, "numad.slice/late").issuperset(cpus)
+    assert daemon.enforcer.partitions is not None
+    assert daemon.enforcer.partitions.backend.partition("numad.slice")[0] == CPUSet()
+    assert not [p for p in daemon.problems if "partition" in p]
+
+
+def test_grants_move_between_pods_in_a_seeded_simulation(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Admissions and releases in two pods, drawn from a seed: after every step the
+    kernel's partitions are exactly the exclusive grants, no other cgroup runs on
+    them, every level above names exactly the grants below it, and nothing failed."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    pods = ["numad.slice/pa", "numad.slice/pb", "numad.slice/pc"]
+    for pod in pods:
+        scratch_mkdir(tree, f"{pod}/stray")
+    rng = random.Random(23)  # noqa: S311 - a seeded simulation, not a secret
+    live: dict[str, str] = {}
+    backend = daemon.enforcer.partitions.backend if daemon.enforcer.partitions else None
+    assert backend is not None
+    for step in range(150):
+        if live and (rng.random() < 0.45 or len(live) >= 6):
+            name = rng.choice(sorted(live))
+            daemon.release(name)
+            del live[name]
+        else:
+            name = f"w{step}"
+            cgroup = f"{rng.choice(pods)}/{name}"
+            scratch_mkdir(tree, cgroup)
+            if _admit(daemon, name, cgroup, rng.choice([1, 2, 3, 5])):
+                live[name] = cgroup
+        grants = {live[n]: _partitions(daemon).get(live[n]) for n in live}
+        assert _partitions(daemon) == grants, step
+        taken = CPUSet()
+        for cpus in grants.values():
+            assert cpus
+            assert not taken & cpus
+            taken |= cpus
+        for pod in pods:
+            assert not _effective(daemon, f"{pod}/stray") & taken, (step, pod)
+            below = CPUSet()
+            for cgroup, cpus in grants.items():
+                if cgroup.startswith(pod + "/") and cpus is not None:
+                    below |= cpus
+            assert backend.partition(pod)[0] == below, (step, pod)
+        assert backend.partition("numad.slice")[0] == taken, step
+        assert not [p for p in daemon.problems if "partition" in p or "write" in p], step
+    assert len(live) >= 1
+
+
+def test_numad_stopping_dissolves_its_partitions_and_a_restart_makes_them_again(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    cpus = _partitions(daemon)["numad.slice/db"]
+    daemon.stop()
+    assert _partitions(daemon) == {}
+    assert daemon.enforcer.partitions is not None
+    assert daemon.enforcer.partitions.backend.partition("numad.slice")[0] == CPUSet()
+    assert (_tree(daemon) / "numad.slice/db/cpuset.cpus").read_text().strip() != ""
+    again = restarted_daemon(daemon, PARTITIONS)
+    assert _partitions(again) == {"numad.slice/db": cpus}
+
+
+def test_a_partition_undone_by_another_writer_is_made_again_by_the_next_pass(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    cpus = _partitions(daemon)["numad.slice/db"]
+    assert daemon.enforcer.partitions is not None
+    daemon.enforcer.partitions.backend.write_partition("numad.slice/db", "member")
+    assert _partitions(daemon) == {}
+    daemon.reconcile()
+    assert _partitions(daemon) == {"numad.slice/db": cpus}
+    value = daemon.metrics.registry.get_sample_value("numad_drift_repairs_total")
+    assert value == 1
+
+
+def test_a_partition_the_kernel_refuses_is_a_problem_naming_the_cgroup(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A sibling that names the CPUs as its own exclusive ones (an admin's partition):
+    the grant is reported, not taken for done."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    scratch_mkdir(tree, "numad.slice/theirs")
+    backend = daemon.enforcer.partitions.backend if daemon.enforcer.partitions else None
+    assert backend is not None
+    every = _effective(daemon, "numad.slice")
+    backend.write_exclusive("numad.slice", every - CPUSet([0]))
+    backend.write_exclusive("numad.slice/theirs", every - CPUSet([0]))
+    assert _admit(daemon, "db", "numad.slice/db", 4)  # committed: the grant is retried
+    problems = [p for p in daemon.problems if "numad.slice/db" in p]
+    assert problems, daemon.problems
+    assert "numad.slice/db" not in _partitions(daemon)
+
+
+def test_a_kernel_without_partitions_is_named_in_health_and_strays_are_isolated(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Asked for on a tree whose kernel offers none (made before, without them)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    daemon.stop()
+    again = restarted_daemon(daemon, PARTITIONS)
+    assert again.enforcer.partitions is None
+    assert [p for p in again.problems if "offers no cpuset partitions" in p]
+    scratch_mkdir(_tree(again), "numad.slice/stray")
+    again.reconcile()
+    assert _admit(again, "db", "numad.slice/db", 4)
+    granted = _effective(again, "numad.slice/db")
+    assert not _effective(again, "numad.slice/stray") & granted
+
+
+@pytest.mark.parametrize("pass_between", [False, True])
+def test_a_workload_cgroup_made_again_is_a_partition_at_once(
+    machines: Machines, tmp_path: Path, pass_between: bool
+) -> None:
+    """A workload unit restarted: its cgroup is removed (the kernel ends the partition)
+    and made again as a plain member. The event that reports it makes it a partition
+    again, with or without a pass in between (which forgets the grant)."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    cpus = _partitions(daemon)["numad.slice/db"]
+    shutil.rmtree(tree / "numad.slice/db")
+    if pass_between:
+        daemon.reconcile()
+        assert "numad.slice/db" not in daemon.enforcer.grants
+    scratch_mkdir(tree, "numad.slice/db")
+    assert _partitions(daemon) == {}
+    assert _effective(daemon, "numad.slice/db").issuperset(cpus)
+    daemon.isolate_new(["numad.slice/db"])
+    assert _partitions(daemon) == {"numad.slice/db": cpus}
+    assert not [p for p in daemon.problems if "partition" in p or "write" in p]
