@@ -122,7 +122,13 @@ class Commits:
         wanted = targets(
             held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
         )
+        partitions = self.enforcer.partitions
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
+        if partitions is not None and self.enforcer.partitions is None:
+            # Refused for good (numad.host.exclusive): the others isolated one by one
+            # now, after a walk of the managed trees (once in a run).
+            self.enforce(step, listing=listing)
+            return
         self.isolation.preset(wanted)
         self.place_irqs()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 
 from numad.cpuset import CPUSet
@@ -118,8 +117,9 @@ class Daemon:
         self.views = Views(held, config, self.metrics, self.isolation, self.irqs, self.migrations)
         self.views.clock = clock
         enforcer = self.enforcer
-        if enforcer.partitions is not None:
-            self.views.partitions = partial(enforcer.partitions.view, enforcer.grants)
+        self.views.partitions = lambda: (
+            enforcer.partitions.view(enforcer.grants) if enforcer.partitions else []
+        )
         self.reconciler = Reconciler(
             held,
             self.commits,

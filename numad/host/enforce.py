@@ -296,7 +296,21 @@ class Enforcer:
             return False
         except NumadError as err:
             self._failed(path, err)
+            if self.partitions is not None and self.partitions.refused:
+                self._without_partitions(self.partitions)
             return False
+
+    def _without_partitions(self, refused: Partitions) -> None:
+        """The kernel refuses numad partitions for good: each is dissolved and every
+        grant written again, once the others are isolated cgroup by cgroup (the
+        caller's next ``apply``)."""
+        self.end_partitions()
+        self.partitions = None
+        self.written.clear()
+        self.problems.set(
+            "partitions", f"{refused.refused}; numad isolates every other cgroup one by one"
+        )
+        self.log.error("partitions_refused", problem=refused.refused)
 
     def _failed(self, path: str, err: NumadError) -> None:
         self.written.pop(path, None)

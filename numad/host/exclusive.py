@@ -43,6 +43,9 @@ class Partitions:
 
     def __init__(self, backend: PartitionBackend) -> None:
         self.backend = backend
+        # Why the kernel refuses numad any partition (it lacks CAP_SYS_ADMIN); the
+        # enforcer then isolates cgroup by cgroup for the rest of the run.
+        self.refused: str | None = None
 
     def grant(self, path: str, cpus: int, grants: Mapping[str, int]) -> None:
         """Make ``path`` a partition of ``cpus`` (``grants``: every grant, this one
@@ -62,6 +65,13 @@ class Partitions:
             raise CgroupError(
                 path, f"making it a partition of cpus {want.format_list()}: {err}"
             ) from err
+        if "not permitted" in state:  # the kernel's check for CAP_SYS_ADMIN
+            self.refused = (
+                f"the kernel refuses numad cpuset partitions ({state!r} at {path}):"
+                " numad lacks CAP_SYS_ADMIN; add it to the unit's CapabilityBoundingSet="
+                " in a drop-in, or set [host] partitions = false"
+            )
+            raise CgroupError(path, self.refused)
         if state != "root" or now != want:
             raise CgroupError(
                 path,
