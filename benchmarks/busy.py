@@ -189,7 +189,7 @@ def scenario(kind: str, n: int, cycles: int, partitions: bool = False) -> Row:
 
             if timed_lock:
                 daemon.held.lock.observe = observe
-            for _ in range(cycles if n < FEW_CYCLES_FROM or partitions else min(cycles, 3)):
+            for _ in range(cycles if n < FEW_CYCLES_FROM else min(cycles, 3)):
                 kernel, wrote = meter.kernel, meter.writes
                 admits.append(timed(lambda: daemon.admit(spec)))
                 own.append(admits[-1] - (meter.kernel - kernel))

@@ -935,6 +935,11 @@ def test_with_partitions_no_other_cgroup_is_written_or_runs_on_exclusive_cpus() 
         assert any("CAP_SYS_ADMIN" in p for p in problems), problems
         assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "member"
         isolated_one_by_one(exclusive, shared, "partitions refused: no CAP_SYS_ADMIN")
+        costs = {n: admission_seconds(n, partition=False) for n in (0, 1000)}
+        figure(
+            check="admissions isolating one by one",
+            **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
+        )
         DROP_IN.parent.mkdir(parents=True, exist_ok=True)
         DROP_IN.write_text("[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN\n")
         systemctl("daemon-reload")
@@ -1009,22 +1014,30 @@ def partitioned(booked: CPUSet) -> None:
 SLICES = ("numad.slice", "system.slice")
 
 
-def admission_seconds(strays: int, cycles: int = 5) -> list[float]:
+def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -> list[float]:
     """Each of ``cycles`` admissions of a 1-CPU workload (the API's answer, with its
-    partition made) beside ``strays`` empty cgroups made in numad.slice first: the
-    real kernel's part of a partition change, which walks every cpuset."""
+    partition made, or every stray written) beside ``strays`` empty cgroups made in
+    numad.slice first: with partitions, the real kernel's part of a partition change,
+    which walks every cpuset."""
     slice_ = CGROUP_ROOT / "numad.slice"
     made = [slice_ / f"stray{i}" for i in range(strays)]
     for d in [*made, slice_ / "pt"]:
         d.mkdir(exist_ok=True)
+    if not partition:  # each isolated on its appearance (the event path) first
+
+        def isolated() -> bool:
+            return all((d / "cpuset.cpus").read_text().strip() for d in made)
+
+        wait_for(isolated, f"numad to isolate {strays} new cgroups")
     out = []
     try:
         for _ in range(cycles):
             start = time.monotonic()
             api("POST", "/v1/workloads", {"name": "pt", "cgroup": "numad.slice/pt", "cpus": 1})
             out.append(time.monotonic() - start)
-            assert cpuset("numad.slice/pt", "cpus.partition") == "root"
-            granted = CPUSet.parse_list(cpuset("numad.slice/pt", "cpus.exclusive"))
+            state = "root" if partition else "member"
+            assert cpuset("numad.slice/pt", "cpus.partition") == state
+            granted = CPUSet.parse_list(cpuset("numad.slice/pt", "cpus.effective"))
             for d in made[:: max(1, strays // 20)]:
                 assert not CPUSet.parse_list((d / "cpuset.cpus.effective").read_text()) & granted
             api("DELETE", "/v1/workloads/pt")
