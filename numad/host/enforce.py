@@ -203,11 +203,14 @@ class Enforcer:
         Where cgroups wait on each other, each first narrows to the part of its old
         grant that it keeps."""
         narrowed = False
+        mode = self.partitions
         while pending:
             done = [t for t in pending if not t.cpus & (blocked | self._granted_elsewhere(t.path))]
             for t in done:
                 self.problems.clear(f"grant:{t.path}")
                 self.write(t.path, t.cpus, t.mems, exclusive=True)
+                if mode is not None and self.partitions is None:
+                    return  # partitions refused: no grant until the others shrink
             if not done:
                 if narrowed or not self._narrow(pending, blocked):
                     break
