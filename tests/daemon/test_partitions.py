@@ -47,6 +47,13 @@ def _admit(daemon: Daemon, name: str, cgroup: str, cpus: int) -> bool:
     return daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
 
 
+def _with_db(machines: Machines, tmp_path: Path) -> tuple[Daemon, CPUSet]:
+    """A daemon with partitions and db admitted: db's partition's CPUs."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    return daemon, _partitions(daemon)["numad.slice/db"]
+
+
 def _written(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every cgroup file numad writes from now on (the v2 backend's one writer)."""
     files: list[str] = []
@@ -179,9 +186,7 @@ def _check_partitions(daemon: Daemon, pods: list[str], step: int) -> None:
 def test_numad_stopping_dissolves_its_partitions_and_a_restart_makes_them_again(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
-    assert _admit(daemon, "db", "numad.slice/db", 4)
-    cpus = _partitions(daemon)["numad.slice/db"]
+    daemon, cpus = _with_db(machines, tmp_path)
     daemon.stop()
     assert _partitions(daemon) == {}
     assert daemon.enforcer.partitions is not None
@@ -194,9 +199,7 @@ def test_numad_stopping_dissolves_its_partitions_and_a_restart_makes_them_again(
 def test_a_partition_undone_by_another_writer_is_made_again_by_the_next_pass(
     machines: Machines, tmp_path: Path
 ) -> None:
-    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
-    assert _admit(daemon, "db", "numad.slice/db", 4)
-    cpus = _partitions(daemon)["numad.slice/db"]
+    daemon, cpus = _with_db(machines, tmp_path)
     assert daemon.enforcer.partitions is not None
     daemon.enforcer.partitions.backend.write_partition("numad.slice/db", "member")
     assert _partitions(daemon) == {}
