@@ -246,16 +246,17 @@ class Commits:
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 
     def partition_again(self, paths: list[str]) -> None:
-        """Workload cgroups made again (a restarted unit's) are partitions at once,
-        not at the next pass: the kernel made them as plain members. Cost: the
-        workloads' targets, nothing per other cgroup."""
+        """Workload cgroups made (again: a restarted unit's) are partitions at once, not
+        at the next pass: the kernel made them as plain members, and numad's holding
+        cgroup gives their CPUs up first. Cost: every workload's targets (no other
+        cgroup is written with partitions), written only where they changed."""
         held = self.held
-        made = set(paths)
-        wanted = [t for t in targets(held.books, held.specs, ()) if t.exclusive and t.path in made]
-        for t in wanted:
-            self.enforcer.written.pop(t.path, None)
-        if wanted:
-            self.enforcer.apply(wanted, held.books.cpu.shared_pool)
+        made = set(paths) & {t.path for t in targets(held.books, held.specs, ()) if t.exclusive}
+        if not made:
+            return
+        for path in made:
+            self.enforcer.written.pop(path, None)
+        self.enforce()
 
     def units(self) -> dict[str, str]:
         """The workloads' units: their cgroup -> unit."""

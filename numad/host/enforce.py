@@ -138,6 +138,8 @@ class Enforcer:
 
         ``step`` is called after phases 1 and 2 ("shared", "exclusive"): the crash
         tests' failpoints."""
+        if self.partitions is not None:
+            wanted = self._holding(wanted, pool)
         shared = [t for t in wanted if not t.exclusive]
         pending = [t for t in wanted if t.exclusive and not self._holds(t)]
         claimed = union(t.cpus for t in pending)
@@ -169,6 +171,23 @@ class Enforcer:
             if self.cancelled():
                 return
             self._share(t, pool)
+
+    def _holding(self, wanted: list[Target], pool: int) -> list[Target]:
+        """Partitions: numad's holding cgroup in place of each exclusive set whose
+        cgroup is not there (``numad.host.exclusive``); an existence check per
+        exclusive set not written yet."""
+        assert self.partitions is not None
+        absent = [
+            t for t in wanted if t.exclusive and not self._holds(t) and self.exists(t.path) is False
+        ]
+        for t in absent:  # a cgroup not there holds no grant (one assumed at start)
+            if t.path in self.grants:
+                self.forget(t.path)
+        try:
+            return self.partitions.holding(wanted, absent, pool, self.grants, self.cgroups.ensure)
+        except NumadError as err:
+            self._failed(self.partitions.holder, err)
+            return wanted
 
     def share(self, shared: list[Target], pool: int) -> None:
         """Write shared targets alone (cgroups that just appeared: they only shrink)."""
@@ -340,15 +359,9 @@ class Enforcer:
 
     def end_partitions(self) -> None:
         """Every partition dissolved (numad stops); the grants stay in the files."""
-        if self.partitions is None:
-            return
-        left = dict(self.grants)
-        for path in sorted(self.grants):
-            left.pop(path)
-            try:
-                self.partitions.end(path, left)
-            except NumadError as err:
-                self.log.error("partition_end_failed", cgroup=path, problem=str(err))
+        if self.partitions is not None:
+            for problem in self.partitions.end_all(self.grants):
+                self.log.error("partition_end_failed", problem=problem)
 
     def forget(self, path: str) -> None:
         """Drop everything known about a cgroup that is gone or no longer numad's."""

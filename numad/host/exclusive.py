@@ -11,6 +11,11 @@ the enforcer still orders the grants as without partitions (a CPU is given up
 before it is granted elsewhere), and each level gives CPUs up before any level
 takes them.
 
+A workload booked but not there (a unit not started, a cgroup not made yet) has no
+cgroup to make a partition of: numad's own cgroup ``HOLDER`` in the first managed
+root holds its CPUs as a partition meanwhile, and gives them up before the
+workload's cgroup takes them (the enforcer's grant order).
+
 A partition the kernel does not take (``root invalid (why)``) is a problem under
 the cgroup's name, retried every pass: its CPUs are then not exclusive. Where a
 grant ends (a release, a shared write, the cgroup gone) the partition is dissolved
@@ -22,13 +27,16 @@ Edge module: writes only through the v2 backend it is given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Protocol
 
 from numad.cpuset import CPUSet
 from numad.errors import CgroupError
 from numad.host.cgroup.v2 import CgroupV2Backend
+from numad.host.targets import Target
 from numad.observe import Problems
+
+HOLDER = "numad-held"  # in the first managed root
 
 
 class PartitionBackend(Protocol):
@@ -41,8 +49,9 @@ class PartitionBackend(Protocol):
 class Partitions:
     """Grants made and ended as remote partitions, through ``backend``."""
 
-    def __init__(self, backend: PartitionBackend) -> None:
+    def __init__(self, backend: PartitionBackend, holder: str) -> None:
         self.backend = backend
+        self.holder = holder  # numad's own cgroup, holding the sets of workloads not there
         # Why the kernel refuses numad any partition (it lacks CAP_SYS_ADMIN); the
         # enforcer then isolates cgroup by cgroup for the rest of the run.
         self.refused: str | None = None
@@ -90,6 +99,44 @@ class Partitions:
             if have:
                 self.backend.write_exclusive(path, CPUSet())
         self._levels(path, grants)
+
+    def end_all(self, grants: Mapping[str, int]) -> list[str]:
+        """Every partition dissolved (numad stops); what failed, per cgroup."""
+        left, failed = dict(grants), []
+        for path in sorted(grants):
+            left.pop(path)
+            try:
+                self.end(path, left)
+            except CgroupError as err:
+                failed.append(str(err))
+        return failed
+
+    def holding(
+        self,
+        wanted: list[Target],
+        absent: list[Target],
+        pool: int,
+        grants: MutableMapping[str, int],
+        ensure: Callable[[str], None],
+    ) -> list[Target]:
+        """``wanted`` with the holding cgroup in place of the exclusive sets whose
+        cgroup is not there (``absent``): it holds their CPUs, made first (``ensure``);
+        with none absent, a holding cgroup still granted gives its CPUs back. One left
+        by a numad killed before it recorded the grant is taken into ``grants``."""
+        if self.holder not in grants and self.backend.exists(self.holder):
+            have, _ = self.backend.partition(self.holder)
+            if have:
+                grants[self.holder] = have.bits
+        cpus = 0
+        for t in absent:
+            cpus |= t.cpus
+        if cpus:
+            ensure(self.holder)
+            kept = [t for t in wanted if t not in absent]
+            return [Target(self.holder, cpus, None, exclusive=True), *kept]
+        if self.holder in grants:
+            return [Target(self.holder, pool, None, exclusive=False), *wanted]
+        return wanted
 
     def holds(self, path: str, cpus: int) -> bool:
         """Whether ``path`` is a valid partition of ``cpus`` now."""
@@ -145,7 +192,7 @@ def partitions(cgroups: object, health: Problems) -> Partitions | None:
     a health problem saying why, and numad isolates cgroup by cgroup."""
     if isinstance(cgroups, CgroupV2Backend) and cgroups.partitions_offered():
         health.clear("partitions")
-        return Partitions(cgroups)
+        return Partitions(cgroups, f"{cgroups.managed_roots[0]}/{HOLDER}")
     health.set(
         "partitions",
         "[host] partitions = true, but this kernel offers no cpuset partitions"

@@ -139,6 +139,7 @@ def test_grants_move_between_pods_in_a_seeded_simulation(
         scratch_mkdir(tree, f"{pod}/stray")
     rng = random.Random(23)  # noqa: S311 - a seeded simulation, not a secret
     crashes = 0
+    later: list[str] = []  # admitted before their cgroup was made
     for step in range(200):
         if rng.random() < 0.15:
             _crash_after(daemon, rng.randint(0, 4))
@@ -146,10 +147,17 @@ def test_grants_move_between_pods_in_a_seeded_simulation(
         try:
             if live and (rng.random() < 0.45 or len(live) >= 6):
                 daemon.release(rng.choice(sorted(live)))
+            elif later and rng.random() < 0.3:  # a unit started after its admission
+                cgroup = later.pop(rng.randrange(len(later)))
+                scratch_mkdir(tree, cgroup)
+                daemon.isolate_new([cgroup])
             else:
                 name = f"w{step}"
                 cgroup = f"{rng.choice(pods)}/{name}"
-                scratch_mkdir(tree, cgroup)
+                if rng.random() < 0.3:
+                    later.append(cgroup)
+                else:
+                    scratch_mkdir(tree, cgroup)
                 _admit(daemon, name, cgroup, rng.choice([1, 2, 3, 5]))
         except Crash:
             crashes += 1
@@ -161,11 +169,20 @@ def test_grants_move_between_pods_in_a_seeded_simulation(
 
 
 def _check_partitions(daemon: Daemon, pods: list[str], step: int) -> None:
-    assert daemon.enforcer.partitions is not None
-    backend = daemon.enforcer.partitions.backend
-    granted = {s.cgroup for s in daemon.specs.values()}
-    assert granted <= daemon.enforcer.grants.keys(), step  # every admitted one is granted
-    grants = {p: CPUSet.from_bits(daemon.enforcer.grants[p]) for p in granted}
+    """Each admitted workload's CPUs are a partition: its cgroup's, or numad's holding
+    cgroup's while its cgroup is not there; nothing else is one."""
+    parts = daemon.enforcer.partitions
+    assert parts is not None
+    backend = parts.backend
+    tree = _tree(daemon)
+    there = {s.cgroup for s in daemon.specs.values() if (tree / s.cgroup).is_dir()}
+    grants = {p: CPUSet.from_bits(daemon.enforcer.grants[p]) for p in there}
+    booked = CPUSet()  # the CPUs of those whose cgroup is not there, from the books
+    for name, spec in daemon.specs.items():
+        if spec.cgroup not in there:
+            booked |= CPUSet.parse_list(daemon.show(name)["containers"]["main"]["cpus"])
+    if booked:
+        grants[parts.holder] = booked
     assert _partitions(daemon) == grants, step
     taken = CPUSet()
     for cpus in grants.values():
@@ -180,7 +197,8 @@ def _check_partitions(daemon: Daemon, pods: list[str], step: int) -> None:
                 below |= cpus
         assert backend.partition(pod)[0] == below, (step, pod)
     assert backend.partition("numad.slice")[0] == taken, step
-    assert not [p for p in daemon.problems if "partition" in p or "write" in p], step
+    bad = [p for p in daemon.problems if "partition" in p or "write" in p or "grant" in p]
+    assert not bad, (step, bad)
 
 
 def test_numad_stopping_dissolves_its_partitions_and_a_restart_makes_them_again(
@@ -250,7 +268,8 @@ def test_a_workload_cgroup_made_again_is_a_partition_at_once(
 ) -> None:
     """A workload unit restarted: its cgroup is removed (the kernel ends the partition)
     and made again as a plain member. The event that reports it makes it a partition
-    again, with or without a pass in between (which forgets the grant)."""
+    again, with or without a pass in between (which finds the cgroup gone and has
+    numad's holding cgroup hold its CPUs meanwhile)."""
     daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
     tree = _tree(daemon)
     assert _admit(daemon, "db", "numad.slice/db", 4)
@@ -260,8 +279,12 @@ def test_a_workload_cgroup_made_again_is_a_partition_at_once(
         daemon.reconcile()
         assert "numad.slice/db" not in daemon.enforcer.grants
     scratch_mkdir(tree, "numad.slice/db")
-    assert _partitions(daemon) == {}
-    assert _effective(daemon, "numad.slice/db").issuperset(cpus)
+    assert daemon.enforcer.partitions is not None
+    holder = daemon.enforcer.partitions.holder
+    # The pass found db's cgroup gone: numad's holding cgroup took its CPUs.
+    assert _partitions(daemon) == ({holder: cpus} if pass_between else {})
+    if pass_between:
+        assert not _effective(daemon, "numad.slice/db") & cpus
     daemon.isolate_new(["numad.slice/db"])
     assert _partitions(daemon) == {"numad.slice/db": cpus}
     assert not [p for p in daemon.problems if "partition" in p or "write" in p]
@@ -305,3 +328,28 @@ def test_partitions_the_kernel_refuses_numad_turn_to_isolation_one_by_one(
     assert real_partition("numad.slice/db") == (CPUSet(), "member")
     assert daemon.host()["partitions"] == []
     assert [i["cgroup"] for i in daemon.host()["isolated"]].count("numad.slice/stray") == 1
+
+
+def test_a_workload_not_there_yet_has_its_cpus_held_until_its_cgroup_appears(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A workload admitted before its cgroup exists (a unit not started) has no cgroup
+    to partition: numad's holding cgroup holds its CPUs, so no other cgroup runs on
+    them meanwhile, and gives them up to the workload's cgroup when it appears."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    scratch_mkdir(tree, "numad.slice/stray")
+    assert _admit(daemon, "later", "numad.slice/later", 3)
+    parts = daemon.enforcer.partitions
+    assert parts is not None
+    held = _partitions(daemon)
+    assert list(held) == [parts.holder]
+    assert len(held[parts.holder]) == 3
+    assert not _effective(daemon, "numad.slice/stray") & held[parts.holder]
+    scratch_mkdir(tree, "numad.slice/later")
+    daemon.isolate_new(["numad.slice/later"])
+    assert _partitions(daemon) == {"numad.slice/later": held[parts.holder]}
+    assert not _effective(daemon, "numad.slice/stray") & held[parts.holder]
+    assert not [p for p in daemon.problems if "partition" in p or "grant" in p or "write" in p]
+    daemon.release("later")
+    assert _partitions(daemon) == {}

@@ -131,7 +131,7 @@ def test_grants_move_cpus_between_pods_each_level_giving_up_before_taking(tree: 
     """Partitions.grant/end: a CPU leaves one pod's partition and joins another's; the
     kernel's sibling rule would refuse a level that took it first."""
     b = _backend(tree)
-    parts = Partitions(b)
+    parts = Partitions(b, "numad.slice/numad-held")
     grants = {"numad.slice/pa/a": CPUSet([2, 3]).bits}
     parts.grant("numad.slice/pa/a", grants["numad.slice/pa/a"], grants)
     grants["numad.slice/pa/a"] = CPUSet([2]).bits
@@ -157,7 +157,7 @@ def test_a_grant_the_kernel_leaves_invalid_raises_naming_the_cgroup(tree: Path) 
     b.write_exclusive("numad.slice/pb", CPUSet([7]))
     b.write_exclusive("numad.slice/pb/b", CPUSet([7]))
     b.write_partition("numad.slice/pb/b", "root")  # someone else's partition of CPU 7
-    parts = Partitions(b)
+    parts = Partitions(b, "numad.slice/numad-held")
     with pytest.raises(CgroupError) as caught:
         parts.grant("numad.slice/pa/a", CPUSet([7]).bits, {"numad.slice/pa/a": CPUSet([7]).bits})
     assert "numad.slice/pa/a" in str(caught.value)
