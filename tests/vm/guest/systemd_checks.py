@@ -967,9 +967,9 @@ def isolated_one_by_one(exclusive: CPUSet, shared: CPUSet, when: str) -> None:
 
 
 def partitioned(booked: CPUSet) -> None:
-    """The partitions numad made, as the kernel holds them. Only a workload whose cgroup
-    exists has one: the CPUs of one booked but not running (a unit stopped) stay in
-    the root's until its cgroup appears."""
+    """The partitions numad made, as the kernel holds them: every booked exclusive CPU
+    is in one (a workload's cgroup's, or numad's holding cgroup's for a workload not
+    running)."""
     problems = api("GET", "/v1/health")["problems"]
     assert not [p for p in problems if "partition" in p], problems
     assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "root"
@@ -979,10 +979,9 @@ def partitioned(booked: CPUSet) -> None:
     assert view["isolated"] == [], view["isolated"]  # no cgroup written one by one
     exclusive = CPUSet()
     for made in view["partitions"]:
-        if CGROUP_ROOT.joinpath(made["cgroup"]).is_dir():
-            assert made["state"] == "root", made
-            exclusive |= CPUSet.parse_list(made["exclusive"])
-    assert exclusive.issubset(booked), (exclusive, booked)
+        assert made["state"] == "root", made
+        exclusive |= CPUSet.parse_list(made["exclusive"])
+    assert exclusive == booked, (exclusive, booked)
     assert CPUSet.parse_list(PLACED["cpus"]).issubset(exclusive)
     root = CPUSet.parse_list(cpuset("", "cpus.effective"))
     assert not root & exclusive, (root, exclusive)
