@@ -35,7 +35,7 @@ from numad.errors import CheckpointError
 from numad.host import durable
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.enforce import Enforcer
-from numad.host.exclusive import partitions
+from numad.host.exclusive import leftover_partitions, partitions
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation, Units, host_parts
 from numad.host.migration import Migrations
@@ -282,6 +282,9 @@ class Daemon:
         self.reconciler.check_classes()
         if checkpoint is not None:
             resume(self.held, self.commits, checkpoint, self.config, self.health, self.log)
+        active, grants = self.enforcer.partitions is not None, self.enforcer.grants
+        for problem in leftover_partitions(self.cgroups, active, grants):
+            self.log.error("partition_end_failed", problem=problem)
         with contextlib.suppress(CheckpointError):  # not ready, said in health; retried
             self.commits.commit(held.books, held.specs)
         self.supervisor.run_once("reconcile", self.reconcile)

@@ -180,9 +180,8 @@ class Enforcer:
         absent = [
             t for t in wanted if t.exclusive and not self._holds(t) and self.exists(t.path) is False
         ]
-        for t in absent:  # a cgroup not there holds no grant (one assumed at start)
-            if t.path in self.grants:
-                self.forget(t.path)
+        for t in absent:  # no grant there (one assumed at start; a unit's left-over cgroup)
+            self.forget(t.path)
         try:
             return self.partitions.holding(wanted, absent, pool, self.grants, self.cgroups.ensure)
         except NumadError as err:
@@ -353,9 +352,10 @@ class Enforcer:
             self.partitions.grant(path, cpus, self.grants)
 
     def _end_grant(self, path: str) -> None:
-        """The cgroup holds no exclusive grant now: its partition, if any, is dissolved."""
-        if self.grants.pop(path, None) is not None and self.partitions is not None:
-            self.partitions.end(path, self.grants)
+        """No exclusive grant there now: a partition there is dissolved (recorded or not)."""
+        had = self.grants.pop(path, None)
+        if self.partitions is not None:
+            self.partitions.end(path, self.grants, known=had is not None)
 
     def end_partitions(self) -> None:
         """Every partition dissolved (numad stops); the grants stay in the files."""

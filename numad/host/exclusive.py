@@ -89,24 +89,34 @@ class Partitions:
                 "look for exclusive CPUs that a cgroup beside it or above it names",
             )
 
-    def end(self, path: str, grants: Mapping[str, int]) -> None:
+    def end(self, path: str, grants: Mapping[str, int], *, known: bool = True) -> None:
         """Dissolve ``path``'s partition (if the cgroup is still there) and give its
-        CPUs up at every level above it (``grants``: every grant left)."""
-        if self.backend.exists(path):
-            have, state = self.backend.partition(path)
-            if state != "member":
-                self.backend.write_partition(path, "member")
-            if have:
-                self.backend.write_exclusive(path, CPUSet())
+        CPUs up at every level above it (``grants``: every grant left). ``known=False``:
+        numad recorded no grant there (a cgroup it no longer writes, or one a killed
+        numad left): only a partition found there is dissolved, and a fault is ignored."""
+        try:
+            there = self.backend.exists(path)
+            have, state = self.backend.partition(path) if there else (CPUSet(), "member")
+        except CgroupError:
+            if known:
+                raise
+            return
+        if not known and state == "member" and not have:
+            return  # nothing of numad's there
+        if state != "member":
+            self.backend.write_partition(path, "member")
+        if have:
+            self.backend.write_exclusive(path, CPUSet())
         self._levels(path, grants)
 
     def end_all(self, grants: Mapping[str, int]) -> list[str]:
-        """Every partition dissolved (numad stops); what failed, per cgroup."""
+        """Every partition dissolved (numad stops, or starts without partitions): those
+        of the grants and the holding cgroup's; what failed, per cgroup."""
         left, failed = dict(grants), []
-        for path in sorted(grants):
-            left.pop(path)
+        for path in sorted({*grants, self.holder}):
+            left.pop(path, None)
             try:
-                self.end(path, left)
+                self.end(path, left, known=path in grants)
             except CgroupError as err:
                 failed.append(str(err))
         return failed
@@ -200,3 +210,12 @@ def partitions(cgroups: object, health: Problems) -> Partitions | None:
         " 6.11's): numad isolates every other cgroup one by one instead",
     )
     return None
+
+
+def leftover_partitions(cgroups: object, active: bool, grants: Mapping[str, int]) -> list[str]:
+    """numad starts without partitions on a kernel that offers them: any a numad made
+    before (killed, or run with ``[host] partitions``) is dissolved, so nothing keeps
+    CPUs out of the cgroups numad now isolates one by one. Cost: a read per grant."""
+    if active or not isinstance(cgroups, CgroupV2Backend) or not cgroups.partitions_offered():
+        return []
+    return Partitions(cgroups, f"{cgroups.managed_roots[0]}/{HOLDER}").end_all(grants)

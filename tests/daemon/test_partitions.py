@@ -353,3 +353,26 @@ def test_a_workload_not_there_yet_has_its_cpus_held_until_its_cgroup_appears(
     assert not [p for p in daemon.problems if "partition" in p or "grant" in p or "write" in p]
     daemon.release("later")
     assert _partitions(daemon) == {}
+
+
+def test_partitions_left_by_a_killed_numad_are_dissolved_when_it_starts_without_them(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """numad killed with partitions made (a workload's and the holding cgroup's), then
+    started with ``partitions = false``: it dissolves them at start, so no CPU stays
+    out of the cgroups it now isolates one by one."""
+    daemon, cpus = _with_db(machines, tmp_path)
+    tree = _tree(daemon)
+    scratch_mkdir(tree, "numad.slice/stray")
+    assert _admit(daemon, "later", "numad.slice/later", 2)
+    assert daemon.enforcer.partitions is not None
+    holder = daemon.enforcer.partitions.holder
+    assert set(_partitions(daemon)) == {"numad.slice/db", holder}
+    again = restarted_daemon(daemon)  # the killed one is dropped: nothing dissolved
+    assert again.enforcer.partitions is None
+    assert _partitions(again) == {}
+    backend = v2.CgroupV2Backend(tree, ["numad.slice"], emulate_kernel=True)
+    assert backend.partition("numad.slice") == (CPUSet(), "member")
+    assert backend.partition(holder) == (CPUSet(), "member")
+    assert _effective(again, "numad.slice/db") == cpus  # its own cpuset.cpus, as granted
+    assert not _effective(again, "numad.slice/stray") & cpus  # isolated one by one
