@@ -347,20 +347,23 @@ class Isolation:
 
     def restore(self) -> list[str]:
         """Give every isolated cgroup its own setting back; returns the problems (a
-        cgroup that is gone has nothing to give back). The record is kept while any
-        cgroup could not be given back, so a later numad tries again."""
+        cgroup that is gone has nothing to give back). The record keeps only those
+        that could not be given back, so a later call (or numad) tries them again and
+        not every other one: with isolation off or partitions, each pass calls this."""
         problems = []
+        failed = {}
         for path in sorted(self.originals):
             problem = self._give_back(path)
             if problem:
                 problems.append(problem)
+                failed[path] = self.originals[path]
         if self.record is not None:  # units told, though no longer isolated
             problems += self.record.give_all_back(self.online)
-        if not problems:
-            self.originals = {}
+        if failed != self.originals:
+            self.originals = failed
             try:
                 self._save()
-            except CheckpointError as err:  # every cgroup is back: only the record stays
+            except CheckpointError as err:  # the cgroups are back: only the record stays
                 problems.append(
                     f"the isolation record still lists them (the next numad rechecks): {err}"
                 )
