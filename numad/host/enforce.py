@@ -173,9 +173,8 @@ class Enforcer:
             self._share(t, pool)
 
     def _holding(self, wanted: list[Target], pool: int) -> list[Target]:
-        """Partitions: numad's holding cgroup in place of each exclusive set whose
-        cgroup is not there (``numad.host.exclusive``); an existence check per
-        exclusive set not written yet."""
+        """Partitions: numad's holding cgroup in place of each exclusive set whose cgroup
+        is not there (``numad.host.exclusive``); a check per set not written yet."""
         assert self.partitions is not None
         absent = [
             t for t in wanted if t.exclusive and not self._holds(t) and self.exists(t.path) is False
@@ -300,6 +299,8 @@ class Enforcer:
             if mems is not None and self.moves is not None:
                 wide = self.moves.interim(path, mems)
             now = mems if wide is None else wide
+            if not exclusive and self.partitions is not None:  # before its CPUs change
+                self._end_grant(path)  # (6.12 warns at a cpus write to a partition)
             self.cgroups.write(path, CPUSet.from_bits(cpus), now)
             self._hold_grant(path, cpus if exclusive else 0)
             self.problems.clear(f"write:{path}")
@@ -322,9 +323,8 @@ class Enforcer:
             return False
 
     def _without_partitions(self, refused: Partitions) -> None:
-        """The kernel refuses numad partitions for good: each is dissolved and every
-        grant written again, once the others are isolated cgroup by cgroup (the
-        caller's next ``apply``)."""
+        """The kernel refuses numad partitions for good: each is dissolved, and every grant
+        written again once the others are isolated one by one (the caller's next apply)."""
         self.end_partitions()
         self.partitions = None
         self.written.clear()
