@@ -204,9 +204,15 @@ class _IdSet:
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
+def digits(text: str) -> bool:
+    """Whether ``text`` is a decimal number in ASCII digits: ``str.isdigit`` alone also
+    takes "¹" or "٣", which ``int`` refuses or reads as a number no kernel wrote."""
+    return text.isascii() and text.isdigit()
+
+
 def _parse_id(text: str, whole: str) -> int:
     text = text.strip()
-    if not text.isdigit() or not text.isascii():
+    if not digits(text):
         raise ValueError(f"{text!r} is not an id in {whole!r}")
     value = int(text)
     if value >= _MAX_ID:

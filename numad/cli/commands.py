@@ -24,6 +24,7 @@ from numad.cli.client import APIError, request
 from numad.cli.pictures import from_daemon as picture_of_daemon
 from numad.cli.pictures import write as write_picture
 from numad.cli.run import REJECTED, WORKLOAD_NAME, run_command, spec_of, workload_path
+from numad.cpuset import digits
 from numad.errors import ConfigError, HostFileError, NumadError, SpecError
 from numad.log import configure as configure_logging
 from numad.workload.quantity import quantity
@@ -182,9 +183,9 @@ def _request_options(
 
 
 def _cpus(text: str) -> int | str:
-    if text.isdigit() and int(text) > 0:
+    if digits(text) and int(text) > 0:
         return int(text)
-    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) > 0:
+    if text.endswith("m") and digits(text[:-1]) and int(text[:-1]) > 0:
         return text
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a CPU count; give N exclusive CPUs (4) or a share like 500m"
@@ -192,7 +193,7 @@ def _cpus(text: str) -> int | str:
 
 
 def _count(text: str) -> int:
-    if text.isascii() and text.isdigit():
+    if digits(text):
         return int(text)
     raise argparse.ArgumentTypeError(f"{text!r} is not a CPU count; give a whole number")
 
@@ -214,7 +215,7 @@ def _workload(text: str) -> str:
 
 def _device(text: str) -> tuple[str, int]:
     name, sep, count = text.partition("=")
-    if not (sep and name and count.isdigit() and int(count) > 0):
+    if not (sep and name and digits(count) and int(count) > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: give CLASS=N, a device class and a count")
     return name, int(count)
 

@@ -152,13 +152,17 @@ def table(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
 def host(answer: Mapping[str, Any]) -> list[str]:
     """``host``: isolation as it stands."""
     lines = [
-        f"isolation  {'on' if answer.get('isolate') else 'off'}",
+        f"isolation  {answer.get('isolating') or 'off'}",
         f"exclusive  {answer.get('exclusive') or _NONE}",
         f"shared     {answer.get('shared') or _NONE}",
     ]
     isolated = answer.get("isolated") or []
     lines.append(f"isolated cgroups: {len(isolated)}")
     lines += [f"  {i.get('cgroup')}  cpus {i.get('cpus')}  via {i.get('via')}" for i in isolated]
+    parts = answer.get("partitions") or []
+    if parts:
+        lines.append(f"partitions: {len(parts)}")
+        lines += [f"  {p.get('cgroup')}  cpus {p.get('cpus')}  {p.get('state')}" for p in parts]
     unmovable = answer.get("unmovable") or {}
     tasks = unmovable.get("tasks") or []
     more = unmovable.get("not_shown") or 0

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
+from numad.cpuset import digits
 from numad.daemon.answers import outcome_json
 from numad.daemon.listener import BoundedHandler, BoundedServer, Limits
 from numad.daemon.metrics import Metrics
@@ -125,7 +126,7 @@ class _Handler(BoundedHandler):
             refusal = _error(400, "bad_request", "request: more than one Content-Length")
         elif not lengths:
             return b""
-        elif not (lengths[0].strip().isascii() and lengths[0].strip().isdigit()):
+        elif not digits(lengths[0].strip()):
             refusal = _error(400, "bad_request", f"request: bad Content-Length {lengths[0][:20]!r}")
         elif int(lengths[0]) > MAX_BODY:
             refusal = _error(413, "too_large", f"request: body over {MAX_BODY} bytes")

@@ -60,10 +60,13 @@ values of the wrong type or outside their range, are errors naming the key
                                       # workload's run on the shared pool (and reserved
                                       # CPUs), never on exclusive CPUs; given every CPU
                                       # back when numad stops
-    partitions = false                # with isolate: make each exclusive set a cgroup v2
-                                      # remote partition (kernel 6.11 or later), which
-                                      # keeps every other cgroup off it with no write to
-                                      # any; dissolved when numad stops
+    partitions = "auto"               # with isolate: make each exclusive set a cgroup v2
+                                      # remote partition, which keeps every other cgroup
+                                      # off it with no write to any; dissolved when numad
+                                      # stops. "auto": where the kernel offers them (6.11
+                                      # or later) and numad holds CAP_SYS_ADMIN, else one
+                                      # by one; true: asked for (a problem where refused);
+                                      # false: one by one always
     irq-affinity = false              # move interrupts off exclusive CPUs too, their
                                       # own affinity given back on stop (the unit then
                                       # needs ReadWritePaths=/proc/irq)
@@ -79,7 +82,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from numad import defaults
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, digits
 from numad.daemon.selectors import hex_id, pci_address, pci_ids
 from numad.errors import ConfigError
 from numad.placement.managers.cpu.static import CPUOption
@@ -139,7 +142,7 @@ class Config:
     reconcile_seconds: float = 10.0
     release_grace_seconds: float = 30.0
     isolate: bool = True
-    partitions: bool = False
+    partitions: bool | None = None  # None: "auto", where offered and permitted
     irq_affinity: bool = False
     memory_pull: bool = True
     locality_threshold: float = 0.8
@@ -194,7 +197,7 @@ def parse(raw: Mapping[str, Any], source: str = "config") -> Config:
             "release-grace-seconds", d.release_grace_seconds, 0, 86400
         ),
         isolate=section["host"].boolean("isolate", d.isolate),
-        partitions=section["host"].boolean("partitions", d.partitions),
+        partitions=section["host"].auto("partitions"),
         irq_affinity=section["host"].boolean("irq-affinity", d.irq_affinity),
         memory_pull=memory.boolean("pull", d.memory_pull),
         locality_threshold=memory.fraction("locality-threshold", d.locality_threshold),
@@ -261,6 +264,15 @@ class _Table:
         value = self.values.get(key, default)
         if not isinstance(value, bool):
             raise self.fail(key, "not a boolean", "write true or false, without quotes")
+        return value
+
+    def auto(self, key: str) -> bool | None:
+        """true, false, or "auto" (the default): None."""
+        value = self.values.get(key, "auto")
+        if value == "auto":
+            return None
+        if not isinstance(value, bool):
+            raise self.fail(key, 'not true, false or "auto"')
         return value
 
     def choice(self, key: str, default: _E) -> _E:
@@ -348,9 +360,9 @@ def quantity(value: object, where: str) -> int:
         return value
     if isinstance(value, str):
         for unit, factor in _UNITS.items():
-            if value.endswith(unit) and value[: -len(unit)].isdigit():
+            if value.endswith(unit) and digits(value[: -len(unit)]):
                 return int(value[: -len(unit)]) * factor
-        if value.isdigit():
+        if digits(value):
             return int(value)
     raise ConfigError(where, f"{value!r} is not a quantity", "use bytes or a suffix like 1Gi")
 
@@ -359,7 +371,7 @@ def _reserved(raw: _Table) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
     for node, amounts in raw.values.items():
         where = f"{raw.source} [memory.reserved.{node}]"
-        if not str(node).isdigit() or not isinstance(amounts, Mapping):
+        if not digits(str(node)) or not isinstance(amounts, Mapping):
             raise ConfigError(where, "must be a NUMA node id mapped to a table of amounts")
         out[int(node)] = {str(r): quantity(v, f"{where} {r}") for r, v in amounts.items()}
     return out

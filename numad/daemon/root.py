@@ -91,8 +91,10 @@ class Daemon:
         if self.isolation.problem:
             self.health.set("isolation", self.isolation.problem)
         self.enforcer = Enforcer(self.isolation, self.metrics, log, self.health)
-        if config.isolate and config.partitions:
-            self.enforcer.partitions = partitions(cgroups, self.health)
+        made, how = None, "one by one: [host] partitions = false"
+        if config.isolate and config.partitions is not False:
+            made, how = partitions(cgroups, self.health, asked=config.partitions is True)
+        self.enforcer.partitions = made
         self.irqs = IrqAffinity(Path(str(fs.root)) / "proc/irq", state_dir, log)
         if self.irqs.problem:
             self.health.set("irqs", self.irqs.problem)
@@ -119,6 +121,9 @@ class Daemon:
         enforcer = self.enforcer
         self.views.partitions = lambda: (
             enforcer.partitions.view(enforcer.grants) if enforcer.partitions else []
+        )
+        self.views.isolating = lambda: (  # refused at run time: the kernel's word
+            f"one by one: {made.refused}" if made and made.refused else how
         )
         self.reconciler = Reconciler(
             held,

@@ -76,7 +76,7 @@ def build(config: Config, root: str | None) -> Daemon:
             cgroup_root,
             topo.online_cpus,
             NodeSet(n.id for n in topo.nodes if n.memory_total_kb),
-            partitions=config.partitions,  # a kernel that offers them, if asked for
+            partitions=config.partitions is True,  # a kernel that offers them, if asked for
         )
     cgroups = detect_backend(cgroup_root, config.paths.managed_roots)
     paths = replace(

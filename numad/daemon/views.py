@@ -45,6 +45,8 @@ class Views:
         self.clock: Callable[[], float] = time.monotonic  # the daemon's, set by it
         # Each exclusive grant's partition ([host] partitions), set by the daemon.
         self.partitions: Callable[[], list[dict[str, str]]] = list
+        # How the others are kept off exclusive CPUs: "partitions" or "one by one: why".
+        self.isolating: Callable[[], str] = lambda: "one by one"
 
     def holding(self, name: str) -> Outcome:
         """What an admitted workload holds (and why, where this numad decided it)."""
@@ -97,25 +99,29 @@ class Views:
         """Host isolation as it stands: each isolated cgroup, how numad writes it and
         its CPUs now; what numad cannot move off the exclusive CPUs."""
         held = self.held
-        with held.lock:
+        with held.lock:  # the books and names only: each cgroup is read after
             exclusive = CPUSet.from_bits(held.books.cpu.exclusive)
-            isolated = []
-            for path in sorted(held.others):
-                try:
-                    now = str(self.isolation.read(path)[0])
-                except NumadError as err:
-                    now = f"unreadable: {err}"
-                isolated.append({"cgroup": path, "via": self.isolation.via(path), "cpus": now})
-            return {
-                "isolate": self.config.isolate,
-                "exclusive": str(exclusive),
-                "shared": str(CPUSet.from_bits(held.books.cpu.shared_pool)),
-                "reserved": str(CPUSet.from_bits(held.books.cpu.reserved)),
-                "isolated": isolated,
-                "partitions": self.partitions(),
-                "unmovable": unmovable(self.isolation.root, exclusive),
-                "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
-            }
+            shared = CPUSet.from_bits(held.books.cpu.shared_pool)
+            reserved = CPUSet.from_bits(held.books.cpu.reserved)
+            others = sorted(held.others)
+        isolated = []
+        for path in others:
+            try:
+                now = str(self.isolation.read(path)[0])
+            except NumadError as err:
+                now = f"unreadable: {err}"
+            isolated.append({"cgroup": path, "via": self.isolation.via(path), "cpus": now})
+        return {
+            "isolate": self.config.isolate,
+            "isolating": self.isolating() if self.config.isolate else "off",
+            "exclusive": str(exclusive),
+            "shared": str(shared),
+            "reserved": str(reserved),
+            "isolated": isolated,
+            "partitions": self.partitions(),
+            "unmovable": unmovable(self.isolation.root, exclusive),
+            "irqs": {"enabled": self.config.irq_affinity, **self.irqs.view()},
+        }
 
     def show(self, name: str) -> dict[str, Any]:
         held = self.held

@@ -1,4 +1,4 @@
-"""Exclusive sets as cgroup v2 remote partitions (``[host] partitions = true``).
+"""Exclusive sets as cgroup v2 remote partitions (``[host] partitions``).
 
 A valid partition takes its CPUs out of the root cgroup's effective set, and so out
 of every cgroup outside it: no other cgroup is written, however many there are, and
@@ -22,12 +22,18 @@ grant ends (a release, a shared write, the cgroup gone) the partition is dissolv
 and the levels above give its CPUs up. Cost: per grant, a read and at most two
 writes per level above it, and a union over the grants; nothing per other cgroup.
 
+Where: ``[host] partitions = "auto"`` (the default) makes them where the kernel
+offers them and numad holds CAP_SYS_ADMIN, the kernel's check (``partitions``);
+``true`` tries them whatever numad's capabilities, so the kernel's refusal is
+reported; ``false`` never, and dissolves a previous numad's (``leftover_partitions``).
+
 Edge module: writes only through the v2 backend it is given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
 from typing import Protocol
 
 from numad.cpuset import CPUSet
@@ -197,19 +203,47 @@ def _below(level: str, grants: Mapping[str, int]) -> CPUSet:
     return CPUSet.from_bits(found)
 
 
-def partitions(cgroups: object, health: Problems) -> Partitions | None:
-    """Grants as partitions where the kernel offers them (``[host] partitions``); else
-    a health problem saying why, and numad isolates cgroup by cgroup."""
-    if isinstance(cgroups, CgroupV2Backend) and cgroups.partitions_offered():
-        health.clear("partitions")
-        return Partitions(cgroups, f"{cgroups.managed_roots[0]}/{HOLDER}")
-    health.set(
-        "partitions",
-        "[host] partitions = true, but this kernel offers no cpuset partitions"
-        " (cgroup v2 with cpuset.cpus.exclusive, Linux 6.7 or later; numad's rules are"
-        " 6.11's): numad isolates every other cgroup one by one instead",
-    )
-    return None
+CAP_SYS_ADMIN = 21  # the kernel's check to make a partition (linux/capability.h)
+NOT_OFFERED = (
+    "this kernel offers no cpuset partitions (cgroup v2 with cpuset.cpus.exclusive, Linux 6.7"
+    " or later; numad's rules are 6.11's)"
+)
+
+
+def partitions(
+    cgroups: object, health: Problems, *, asked: bool, capable: Callable[[], bool] | None = None
+) -> tuple[Partitions | None, str]:
+    """Grants as partitions where the kernel offers them, and how numad isolates and
+    why. ``asked`` (``[host] partitions = true``): one not offered is a health problem,
+    and numad tries them whatever its capabilities (the kernel's refusal is reported).
+    Else ("auto") only where numad holds CAP_SYS_ADMIN (``capable``), which the kernel
+    asks for; an emulated kernel does not."""
+    if not (isinstance(cgroups, CgroupV2Backend) and cgroups.partitions_offered()):
+        if asked:
+            health.set(
+                "partitions",
+                f"[host] partitions = true, but {NOT_OFFERED}: numad isolates every other"
+                " cgroup one by one instead",
+            )
+        return None, f"one by one: {NOT_OFFERED}"
+    health.clear("partitions")
+    if not (asked or cgroups.emulate_kernel or (capable or holds_cap_sys_admin)()):
+        return None, (
+            "one by one: numad lacks CAP_SYS_ADMIN, which the kernel asks to make a"
+            " partition (the unit's CapabilityBoundingSet=)"
+        )
+    return Partitions(cgroups, f"{cgroups.managed_roots[0]}/{HOLDER}"), "partitions"
+
+
+def holds_cap_sys_admin(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process's effective capabilities hold CAP_SYS_ADMIN."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def leftover_partitions(cgroups: object, active: bool, grants: Mapping[str, int]) -> list[str]:

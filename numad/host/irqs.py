@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, digits
 from numad.errors import CheckpointError, NumadError
 from numad.host.durable import read_json, write_file
 from numad.host.targets import Log
@@ -81,7 +81,7 @@ class IrqAffinity:
 
     def _irqs(self) -> list[str]:
         try:
-            names = [e.name for e in os.scandir(self.proc_irq) if e.name.isdigit()]
+            names = [e.name for e in os.scandir(self.proc_irq) if digits(e.name)]
         except OSError:
             return []
         found = [n for n in names if (self.proc_irq / n / "smp_affinity_list").is_file()]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from numad.cpuset import NodeSet
+from numad.cpuset import NodeSet, digits
 from numad.errors import CgroupError, HostFileError, NumadError, SysfsFormatError
 
 
@@ -50,7 +50,7 @@ def anon_by_node(text: str, *, v1_page_size: int | None = None) -> dict[int, int
         key, eq, total = words[0].partition("=")
         if v1 and not eq:
             continue
-        if not key or (eq and not total.isdigit()):
+        if not key or (eq and not digits(total)):
             raise ValueError(f"memory.numa_stat line {number}: {line!r} does not start with a key")
         rows[key] = _per_node(words[1:], number, line)
     key = "hierarchical_anon" if v1 and "hierarchical_anon" in rows else "anon"
@@ -68,7 +68,7 @@ def _per_node(words: list[str], number: int, line: str) -> dict[int, int]:
     for word in words:
         name, _, value = word.partition("=")
         node = name[1:]
-        if name[:1] != "N" or not node.isdigit() or not value.isdigit() or int(node) in counts:
+        if name[:1] != "N" or not digits(node) or not digits(value) or int(node) in counts:
             raise ValueError(f"memory.numa_stat line {number}: {line!r}: bad field {word!r}")
         counts[int(node)] = int(value)
     return counts
@@ -112,7 +112,7 @@ def free_bytes(node: int, sys_root: Path = Path("/sys")) -> int:
     for line in text.splitlines():
         # "Node 0 MemFree:         8618408 kB" (drivers/base/node.c, node_read_meminfo)
         words = line.split()
-        if words[2:3] == ["MemFree:"] and len(words) == 5 and words[3].isdigit():
+        if words[2:3] == ["MemFree:"] and len(words) == 5 and digits(words[3]):
             return int(words[3]) * 1024
     raise SysfsFormatError(str(path), "has no 'MemFree: <n> kB' line")
 

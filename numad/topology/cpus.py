@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, digits
 from numad.topology.model import CacheGroup, Core, Package
 from numad.topology.sysread import Reader
 
@@ -302,7 +302,7 @@ def _size_kb(r: Reader, path: str) -> int | None:
         return None
     units = {"K": 1, "M": 1024, "G": 1024 * 1024}
     number, unit = (text[:-1], text[-1].upper()) if text[-1:].isalpha() else (text, "")
-    if not number.isdigit() or (unit and unit not in units):
+    if not digits(number) or (unit and unit not in units):
         r.note(path, f"not a cache size: {text[:40]!r} (ignored)")
         return None
     # A bare number is bytes; sysfs writes "32768K".

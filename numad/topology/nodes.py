@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from numad.cpuset import CPUSet, NodeSet
+from numad.cpuset import CPUSet, NodeSet, digits
 from numad.topology.model import HugePages, NumaNode
 from numad.topology.sysread import Reader
 
@@ -134,7 +134,7 @@ def _row(r: Reader, path: str) -> list[int] | None:
     if text is None:
         return None
     words = text.split()
-    if not words or not all(w.isdigit() and 0 < int(w) <= _MAX_DISTANCE for w in words):
+    if not words or not all(digits(w) and 0 < int(w) <= _MAX_DISTANCE for w in words):
         r.note(path, f"not a distance row: {text[:40]!r} (distances unknown)")
         return None
     return [int(w) for w in words]

@@ -33,6 +33,18 @@ def test_reconcile_seconds_out_of_range_or_not_a_number_is_refused(bad: object) 
         parse({"daemon": {"reconcile-seconds": bad}})
 
 
+@pytest.mark.parametrize(("value", "parsed"), [("auto", None), (True, True), (False, False)])
+def test_partitions_are_auto_true_or_false(value: object, parsed: bool | None) -> None:
+    assert Config().partitions is None  # "auto": where offered and permitted
+    assert parse({"host": {"partitions": value}}).partitions is parsed
+
+
+@pytest.mark.parametrize("bad", ["yes", "Auto", 1, "true"])
+def test_partitions_other_values_are_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r'partitions = .*not true, false or "auto"'):
+        parse({"host": {"partitions": bad}})
+
+
 def test_no_file_gives_the_defaults() -> None:
     assert parse({}) == Config()
     assert Config().release_grace_seconds == 30.0
@@ -254,3 +266,13 @@ def test_reserved_cpus_the_machine_lacks(cpu: dict[str, Any], message: str) -> N
 def test_reserved_cpus_the_machine_has_are_accepted() -> None:
     check_reserved(parse({"cpu": {"reserved-cpus": "0,31"}}), CPUSet.parse_list("0-31"), 30)
     check_reserved(parse({"cpu": {"reserved-count": 30}}), CPUSet.parse_list("0-31"), 30)
+
+
+@pytest.mark.parametrize(
+    "reserved",
+    [{"\u00b9": {"memory": "1Gi"}}, {"1": {"memory": "1\u00b9Gi"}}, {"1": {"memory": "\u00b2"}}],
+)
+def test_a_unicode_digit_is_no_number_in_the_config(reserved: dict[str, Any]) -> None:
+    """``str.isdigit`` takes superscripts, which ``int`` refuses: a ConfigError, not a crash."""
+    with pytest.raises(ConfigError, match=r"memory\.reserved"):
+        parse({"memory": {"reserved": reserved}})

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from numad.cli import textout
 from numad.cpuset import CPUSet
 from numad.daemon.root import Daemon
 from numad.host.cgroup import v2
@@ -214,6 +215,43 @@ def test_numad_stopping_dissolves_its_partitions_and_a_restart_makes_them_again(
     assert _partitions(again) == {"numad.slice/db": cpus}
 
 
+def test_by_default_numad_makes_partitions_where_the_kernel_offers_them(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """``[host] partitions`` left out ("auto"): on a kernel that offers them the grants
+    are partitions, and ``numad host`` says so; ``false`` dissolves them at the start
+    and isolates one by one, and says why."""
+    daemon, cpus = _with_db(machines, tmp_path)  # the tree's kernel offers them
+    daemon.stop()
+    auto = restarted_daemon(daemon)
+    assert _partitions(auto) == {"numad.slice/db": cpus}
+    shown = auto.host()
+    assert shown["isolating"] == "partitions"
+    assert "isolation  partitions" in textout.host(shown)
+    assert f"  numad.slice/db  cpus {cpus}  root" in textout.host(shown)
+    auto.stop()
+    off = restarted_daemon(auto, {"host": {"partitions": False}})
+    assert _partitions(off) == {}
+    assert off.host()["isolating"] == "one by one: [host] partitions = false"
+    assert not [p for p in off.problems if "partition" in p]
+
+
+def test_by_default_a_kernel_without_partitions_is_isolated_one_by_one_and_no_problem(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon = recorded_daemon(machines, tmp_path)  # a scratch tree of a kernel without them
+    scratch_mkdir(_tree(daemon), "numad.slice/stray")
+    daemon.reconcile()
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    shown = daemon.host()
+    assert shown["isolating"].startswith("one by one: this kernel offers no cpuset partitions")
+    assert [i["cgroup"] for i in shown["isolated"]] == ["numad.slice/stray"]
+    assert shown["partitions"] == []
+    assert not [p for p in daemon.problems if "partition" in p]
+    isolate_off = restarted_daemon(daemon, {"host": {"isolate": False}})
+    assert isolate_off.host()["isolating"] == "off"
+
+
 def test_a_partition_undone_by_another_writer_is_made_again_by_the_next_pass(
     machines: Machines, tmp_path: Path
 ) -> None:
@@ -368,7 +406,9 @@ def test_partitions_left_by_a_killed_numad_are_dissolved_when_it_starts_without_
     assert daemon.enforcer.partitions is not None
     holder = daemon.enforcer.partitions.holder
     assert set(_partitions(daemon)) == {"numad.slice/db", holder}
-    again = restarted_daemon(daemon)  # the killed one is dropped: nothing dissolved
+    again = restarted_daemon(
+        daemon, {"host": {"partitions": False}}
+    )  # the killed one is dropped: nothing dissolved
     assert again.enforcer.partitions is None
     assert _partitions(again) == {}
     backend = v2.CgroupV2Backend(tree, ["numad.slice"], emulate_kernel=True)

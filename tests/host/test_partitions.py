@@ -13,8 +13,9 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.host.cgroup.v2 import CgroupV2Backend
-from numad.host.exclusive import Partitions
+from numad.host.exclusive import Partitions, holds_cap_sys_admin, partitions
 from numad.host.scratch import make_scratch_v2, scratch_mkdir
+from numad.observe import Problems
 
 EVERY = CPUSet(range(8))
 CGROUPS = ["numad.slice/pa/a", "numad.slice/pb/b", "numad.slice/stray", "system.slice/x"]
@@ -162,3 +163,71 @@ def test_a_grant_the_kernel_leaves_invalid_raises_naming_the_cgroup(tree: Path) 
         parts.grant("numad.slice/pa/a", CPUSet([7]).bits, {"numad.slice/pa/a": CPUSet([7]).bits})
     assert "numad.slice/pa/a" in str(caught.value)
     assert not parts.holds("numad.slice/pa/a", CPUSet([7]).bits)
+
+
+# -- where numad makes them ([host] partitions: "auto", true or false) ----------------------
+
+
+def _real(root: Path) -> CgroupV2Backend:
+    """A backend that takes the tree for a real kernel's: numad's own capabilities
+    decide "auto" there (an emulated kernel asks for none)."""
+    return CgroupV2Backend(root, ["numad.slice", "system.slice"], emulate_kernel=False)
+
+
+@pytest.mark.parametrize(
+    ("asked", "capable", "made", "isolating"),
+    [
+        (False, True, True, "partitions"),
+        (False, False, False, "one by one: numad lacks CAP_SYS_ADMIN"),
+        (True, False, True, "partitions"),  # asked for: the kernel's refusal is the word
+        (True, True, True, "partitions"),
+    ],
+)
+def test_auto_makes_partitions_only_where_numad_may(
+    tree: Path, asked: bool, capable: bool, made: bool, isolating: str
+) -> None:
+    health = Problems()
+    parts, how = partitions(_real(tree), health, asked=asked, capable=lambda: capable)
+    assert (parts is not None) == made
+    assert how.startswith(isolating), how
+    assert health.snapshot() == []
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_kernel_without_partitions_is_a_problem_only_where_they_were_asked_for(
+    tmp_path: Path, asked: bool
+) -> None:
+    make_scratch_v2(tmp_path, EVERY, NodeSet([0]), CGROUPS)  # a 6.1 kernel's tree
+    health = Problems()
+    parts, how = partitions(_real(tmp_path), health, asked=asked, capable=lambda: True)
+    assert parts is None
+    assert how.startswith("one by one: this kernel offers no cpuset partitions"), how
+    assert health.has("partitions") == asked
+
+
+def test_an_emulated_kernel_asks_for_no_capability(tree: Path) -> None:
+    parts, how = partitions(_backend(tree), Problems(), asked=False, capable=lambda: False)
+    assert parts is not None
+    assert how == "partitions"
+
+
+@pytest.mark.parametrize(
+    ("cap_eff", "holds"),
+    [
+        ("000001ffffffffff", True),  # root's full set
+        ("0000000000200000", True),  # CAP_SYS_ADMIN (21) alone
+        ("0000000000d00002", False),  # the unit's others: DAC_OVERRIDE, NICE, PTRACE...
+        ("0000000000000000", False),
+        ("not hex", False),
+    ],
+)
+def test_cap_sys_admin_is_read_from_the_effective_set(
+    tmp_path: Path, cap_eff: str, holds: bool
+) -> None:
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tnumad\nCapInh:\t0000000000000000\nCapEff:\t{cap_eff}\n")
+    assert holds_cap_sys_admin(status) is holds
+
+
+def test_no_status_file_means_no_capability(tmp_path: Path) -> None:
+    assert not holds_cap_sys_admin(tmp_path / "gone")

@@ -38,6 +38,8 @@ GARBAGE = st.one_of(
             b"0-1048575",
             b"Node 0 MemTotal: x kB",
             b"\xff\xfe",
+            "10 \u00b9".encode(),  # a digit to str.isdigit, not to int()
+            "\u0663".encode(),  # a digit to int(), not a number any kernel writes
         ]
     ),
 )
@@ -103,6 +105,24 @@ def test_garbage_in_many_files_never_crashes_discovery(tree: Tree, data: st.Data
         assert any(p.startswith(outcome.subject) for p in paths), outcome
     else:
         _assert_well_formed(outcome)
+
+
+@pytest.mark.parametrize("digit", ["\u00b9", "\u0663", "\u00bd"])
+def test_a_unicode_digit_in_any_file_is_not_a_number(tree: Tree, digit: str) -> None:
+    """Each file in turn holds a Unicode digit among ASCII ones (hypothesis found
+    ``int('\u00b9')`` raising in the distance rows): a fallback or an error naming the file."""
+    for path in tree.files:
+        real = tree.root / path.lstrip("/")
+        original = real.read_bytes()
+        real.write_bytes(original.replace(b"1", digit.encode(), 1) or digit.encode())
+        try:
+            outcome = _discover(tree.root)
+        finally:
+            real.write_bytes(original)
+        if isinstance(outcome, NumadError):
+            assert path.startswith(outcome.subject), outcome
+        else:
+            _assert_well_formed(outcome)
 
 
 def _discover(root: Path) -> Topology | NumadError:

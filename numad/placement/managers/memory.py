@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from numad.cpuset import NodeSet
+from numad.cpuset import NodeSet, digits
 from numad.errors import AllocationError, ConfigError
 from numad.placement.hintspace import HintSpace, bits, min_width
 from numad.topology.model import Topology
@@ -44,7 +44,7 @@ def page_size(resource: str) -> int:
         return 1
     size = resource.removeprefix("hugepages-")
     for unit, factor in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if size.endswith(unit) and size[: -len(unit)].isdigit():
+        if size.endswith(unit) and digits(size[: -len(unit)]):
             return int(size[: -len(unit)]) * factor
     return 1
 

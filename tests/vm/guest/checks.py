@@ -73,6 +73,9 @@ reconcile-seconds = 2
 
 [metrics]
 port = 0
+
+[host]
+partitions = false  # the checks read the cgroups written one by one (as on 6.1 and v1)
 """
 
 
@@ -430,9 +433,70 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     check_invariants(numad)
 
 
-def _try_admit(numad: Daemon, name: str) -> None:
+def test_sigkill_with_partitions_keeps_every_exclusive_set_a_partition(numad: Daemon) -> None:
+    """numad's default where the kernel offers partitions (6.12; numad runs as root, so
+    it holds CAP_SYS_ADMIN): every exclusive set is a valid partition, through a SIGKILL
+    in the middle of admissions and a restart; killed again and started with
+    ``partitions = false``, it dissolves what the killed one left."""
+    if not EXPECT.get("crash") or not (CGROUP_ROOT / "cpuset.cpus.isolated").is_file():
+        pytest.skip("a crash boot whose kernel offers cpuset partitions (6.12 v2) only")
+    numad.kill()
+    (WORK / "numad.toml").write_text(CONFIG.replace("partitions = false", 'partitions = "auto"'))
+    numad.start()
+    names = [f"part{i}" for i in range(3)]
+    try:
+        assert numad.call("GET", "/v1/host")["isolating"] == "partitions"
+        partitioned(numad)
+        for name in names:
+            make_cgroup(name)
+            start_in(name)
+        threads = [
+            threading.Thread(target=_try_admit, args=(numad, name, 1), daemon=True)
+            for name in names
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        numad.kill()
+        for t in threads:
+            t.join(timeout=CALL)
+        numad.start()
+        partitioned(numad)
+        check_invariants(numad)
+        for name in {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}:
+            if name.startswith("part"):
+                numad.call("DELETE", f"/v1/workloads/{name}")
+        partitioned(numad)
+    finally:
+        numad.kill()  # its partitions left behind, for the next start to dissolve
+        (WORK / "numad.toml").write_text(CONFIG)
+        numad.start()
+    made = list((CGROUP_ROOT / "numad.slice").rglob("cpuset.cpus.partition"))
+    assert len(made) > 1 + len(names), made  # numad.slice's, the workloads', the holder's
+    left = [f.parent.name for f in made if f.read_text().strip() != "member"]
+    assert not left, f"partitions left behind: {left}"
+    root = CPUSet.parse_list((CGROUP_ROOT / "cpuset.cpus.effective").read_text())
+    assert root == ONLINE, root  # every CPU is the root cgroup's again
+    check_invariants(numad)
+
+
+def partitioned(numad: Daemon) -> None:
+    """Every exclusive set is its cgroup's valid partition, and no CPU of one is in the
+    root cgroup's effective set, so none in any cgroup outside the partitions."""
+    sets = exclusive_sets(numad)
+    assert sets, "nothing exclusive: the check would prove nothing"
+    for name, cpus in sets.items():
+        assert cpuset_file(name, "cpus.partition") == "root", name
+        assert CPUSet.parse_list(cpuset_file(name, "cpus.exclusive")) == cpus, name
+    root = CPUSet.parse_list((CGROUP_ROOT / "cpuset.cpus.effective").read_text())
+    assert root.isdisjoint(exclusive_cpus(numad)), root
+    health = numad.call("GET", "/v1/health")["problems"]
+    assert not [p for p in health if "partition" in p], health
+
+
+def _try_admit(numad: Daemon, name: str, cpus: int | str = "100m") -> None:
     with contextlib.suppress(OSError, APIError):  # killed mid-request
-        numad.call("POST", "/v1/workloads", _spec(name, cpus="100m"))
+        numad.call("POST", "/v1/workloads", _spec(name, cpus=cpus))
 
 
 def test_cpuset_rewritten_behind_numads_back_is_repaired(numad: Daemon) -> None:

@@ -57,7 +57,7 @@ SLOWDOWN = max(1.0, float(os.environ.get("VMTEST_SLOWDOWN") or 1))
 WAIT = 90.0 * SLOWDOWN  # seconds; emulated CPUs are 10-30x slower than the host's
 CALL = 60.0 * SLOWDOWN  # one API call
 # Outside /tmp: PrivateTmp=yes gives numad a /tmp of its own.
-CONFIG = f"""
+BASE = f"""
 [topology]
 policy = "best-effort"
 
@@ -81,6 +81,10 @@ release-grace-seconds = 5
 [metrics]
 port = 0
 """
+# The checks before the partitions section isolate one by one, as numad does on 6.1 and
+# without CAP_SYS_ADMIN: that mode's writes (systemd's AllowedCPUs=) are what they look
+# at. The partitions section runs the default, "auto".
+CONFIG = BASE + "\n[host]\npartitions = false\n"
 
 
 # -- helpers: systemd, numad, the kernel's files --------------------------------------------
@@ -910,41 +914,49 @@ def first_allowed(slice_: str, name: str) -> CPUSet:
     return first
 
 
-def test_with_partitions_no_other_cgroup_is_written_or_runs_on_exclusive_cpus() -> None:
-    """``[host] partitions = true``. Where the kernel offers remote partitions (6.12):
-    under the package's unit as shipped (no CAP_SYS_ADMIN) the kernel refuses them,
-    and numad says why in health and isolates cgroup by cgroup; with the drop-in an
-    operator adds for them, each exclusive grant is a partition: numad writes no other
-    cgroup (system.slice gets its own setting back), the root's effective CPUs leave
-    the exclusive ones out, the hog never runs there, a unit started now in
-    numad.slice or system.slice may not run there from the first sample of its
-    process, and an admission beside 1,000 stray cgroups is timed against one beside
-    none (the real kernel's part). Where it does not (6.1), health names the kernel
-    and numad isolates one by one. Then back to the config without partitions: numad's
-    stop dissolved them and it isolates cgroup by cgroup."""
+def test_by_default_partitions_where_offered_and_permitted() -> None:
+    """``[host] partitions`` left to its default, "auto". Where the kernel offers remote
+    partitions (6.12), under the package's unit as shipped (it grants CAP_SYS_ADMIN),
+    each exclusive grant is a partition: numad writes no other cgroup (system.slice gets
+    its own setting back), the root's effective CPUs leave the exclusive ones out, the
+    hog never runs there, a unit started now in numad.slice or system.slice may not run
+    there from the first sample of its process, and an admission beside 1,000 stray
+    cgroups is timed against one beside none (the real kernel's part). A drop-in that
+    takes CAP_SYS_ADMIN away: numad isolates one by one with no problem, and says why;
+    asked for (``true``) there, the kernel's refusal is a problem naming CAP_SYS_ADMIN.
+    Where the kernel offers none (6.1), numad isolates one by one and says why. Then
+    back to the config without partitions: numad's stop dissolved them and it
+    isolates cgroup by cgroup."""
     try:
-        restart_with(CONFIG + PARTITIONS_ON)
+        restart_with(BASE)
         exclusive, shared = host_sets()
         assert exclusive, "nothing exclusive: the check would prove nothing"
-        problems = api("GET", "/v1/health")["problems"]
         if not (CGROUP_ROOT / "cpuset.cpus.isolated").is_file():
-            assert any("offers no cpuset partitions" in p for p in problems), problems
-            isolated_one_by_one(exclusive, shared, "partitions asked for, none offered")
+            assert api("GET", "/v1/host")["isolating"].startswith("one by one: this kernel")
+            isolated_one_by_one(exclusive, shared, "auto, no partitions offered")
+            assert not [p for p in api("GET", "/v1/health")["problems"] if "partition" in p]
             figure(check="partitions", offered=False)
             return
-        assert any("CAP_SYS_ADMIN" in p for p in problems), problems
+        partitioned(exclusive)
+        DROP_IN.parent.mkdir(parents=True, exist_ok=True)
+        DROP_IN.write_text("[Service]\nCapabilityBoundingSet=~CAP_SYS_ADMIN\n")
+        systemctl("daemon-reload")
+        restart_with(BASE)
+        assert "lacks CAP_SYS_ADMIN" in api("GET", "/v1/host")["isolating"]
+        assert not [p for p in api("GET", "/v1/health")["problems"] if "partition" in p]
         assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "member"
-        isolated_one_by_one(exclusive, shared, "partitions refused: no CAP_SYS_ADMIN")
+        exclusive, shared = host_sets()
+        isolated_one_by_one(exclusive, shared, "auto without CAP_SYS_ADMIN")
         costs = {n: admission_seconds(n, partition=False) for n in (0, 1000)}
         figure(
             check="admissions isolating one by one",
             **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
         )
-        DROP_IN.parent.mkdir(parents=True, exist_ok=True)
-        DROP_IN.write_text("[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN\n")
-        systemctl("daemon-reload")
-        restart_with(CONFIG + PARTITIONS_ON)
-        partitioned(host_sets()[0])
+        restart_with(BASE + PARTITIONS_ON)  # asked for: the kernel's own refusal
+        problems = api("GET", "/v1/health")["problems"]
+        assert any("CAP_SYS_ADMIN" in p for p in problems), problems
+        assert cpuset(WORKLOAD_CGROUP, "cpus.partition") == "member"
+        isolated_one_by_one(*host_sets(), "partitions refused: no CAP_SYS_ADMIN")
     finally:
         DROP_IN.unlink(missing_ok=True)
         systemctl("daemon-reload")
@@ -976,6 +988,7 @@ def partitioned(booked: CPUSet) -> None:
     assert cpuset(WORKLOAD_CGROUP, "cpus.exclusive") == PLACED["cpus"]
     assert allowed(main_pid(f"{WORKLOAD}.service"))[0] == CPUSet.parse_list(PLACED["cpus"])
     view = api("GET", "/v1/host")
+    assert view["isolating"] == "partitions", view["isolating"]
     assert view["isolated"] == [], view["isolated"]  # no cgroup written one by one
     exclusive = CPUSet()
     for made in view["partitions"]:
