@@ -123,10 +123,16 @@ class Commits:
             held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
         )
         partitions = self.enforcer.partitions
+        clashes = set(partitions.clashes) if partitions is not None else set()
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
         if partitions is not None and self.enforcer.partitions is None:
             # Refused for good (numad.host.exclusive): the others isolated one by one
             # now, after a walk of the managed trees (once in a run).
+            self.enforce(step, listing=listing)
+            return
+        if partitions is not None and partitions.clashes - clashes:
+            # Cgroups beside a partition named its CPUs: isolated now, and the partition
+            # made again in the same change (each clash is found once).
             self.enforce(step, listing=listing)
             return
         self.isolation.preset(wanted)
@@ -159,10 +165,21 @@ class Commits:
         isolation turned off, the ones isolated before get their own cpusets back."""
         held = self.held
         self.isolation.online = held.topology.online_cpus
-        if not self.config.isolate or self.enforcer.partitions is not None:
-            # Partitions keep every other cgroup off the exclusive CPUs: none is written.
+        if not self.config.isolate:
             if self.isolation.originals or held.others:
                 self.end_isolation()
+            return
+        if self.enforcer.partitions is not None:
+            # Partitions keep every other cgroup off the exclusive CPUs: none is written
+            # but those that would clash with one (``beside_partitions``).
+            keep = self.beside_partitions()
+            if set(self.isolation.originals) - keep or held.others - keep:
+                for problem in self.isolation.restore(keep=keep):
+                    self.log.error("cgroup_reset_failed", problem=problem)
+                for path in held.others - keep:
+                    self.enforcer.forget(path)
+            held.others = keep
+            self.isolation.mark(keep, held.owned())
             return
         roots = self.config.paths.managed_roots
         owned = held.owned()
@@ -179,6 +196,30 @@ class Commits:
             held.others = {p for p in held.others if not any(_within(p, c) for c in mine)}
         for path in self.isolation.mark(held.others, owned):
             self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
+
+    def beside_partitions(self) -> set[str]:
+        """With partitions, the cgroups still isolated one by one: those beside a
+        partition whose own cpuset.cpus named its CPUs (the kernel leaves it invalid
+        while they do), and those isolated before whose own setting would name
+        exclusive CPUs again (every CPU, for one with tasks that cannot inherit its
+        parent's again). Cost: per cgroup in the isolation record, and per clash."""
+        parts, held = self.enforcer.partitions, self.held
+        assert parts is not None
+        exclusive = CPUSet.from_bits(held.books.cpu.exclusive)
+        keep = set()
+        for path in sorted(parts.clashes):
+            if self.isolation.exists(path):
+                keep.add(path)
+        parts.clashes = set(keep)
+        for path, own in self.isolation.originals.items():
+            cpus = CPUSet.parse_list(own.get("cpus", ""))
+            try:
+                busy = not cpus and bool(self.isolation.processes(path))
+            except NumadError:
+                continue  # gone: nothing to give back
+            if cpus & exclusive or busy:
+                keep.add(path)
+        return keep - held.owned()
 
     def place_irqs(self) -> None:
         """Interrupts off the exclusive CPUs ([host] irq-affinity); turned off, every

@@ -269,9 +269,9 @@ class Reconciler:
         held.stopping.set()  # a pass under way ends its writes and lets go of the lock
         with held.lock:
             held.stopped = True
-            try:
-                self.commits.end_isolation()
+            try:  # partitions first: a cgroup beside one may not name its CPUs again
                 self.enforcer.end_partitions()
+                self.commits.end_isolation()
             finally:  # whatever that met, the interrupts get theirs back too
                 self.commits.end_irqs()
         self.migrations.stop()  # outside the lock: the mover's report takes it

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Protocol
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.targets import Target
@@ -50,6 +50,8 @@ class PartitionBackend(Protocol):
     def write_exclusive(self, path: str, cpus: CPUSet) -> None: ...
     def write_partition(self, path: str, state: str) -> None: ...
     def exists(self, path: str) -> bool: ...
+    def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
+    def descendants(self, path: str) -> list[str]: ...
 
 
 class Partitions:
@@ -58,6 +60,9 @@ class Partitions:
     def __init__(self, backend: PartitionBackend, holder: str) -> None:
         self.backend = backend
         self.holder = holder  # numad's own cgroup, holding the sets of workloads not there
+        # Cgroups beside a partition whose own cpuset.cpus names its CPUs: the kernel
+        # leaves the partition invalid while they do, so numad isolates them one by one.
+        self.clashes: set[str] = set()
         # Why the kernel refuses numad any partition (it lacks CAP_SYS_ADMIN); the
         # enforcer then isolates cgroup by cgroup for the rest of the run.
         self.refused: str | None = None
@@ -83,10 +88,20 @@ class Partitions:
         if "not permitted" in state:  # the kernel's check for CAP_SYS_ADMIN
             self.refused = (
                 f"the kernel refuses numad cpuset partitions ({state!r} at {path}):"
-                " numad lacks CAP_SYS_ADMIN; add it to the unit's CapabilityBoundingSet="
-                " in a drop-in, or set [host] partitions = false"
+                " numad lacks CAP_SYS_ADMIN. The shipped unit grants it, so a drop-in may have"
+                ' taken it away: give it back, or set [host] partitions = "auto"'
             )
             raise CgroupError(path, self.refused)
+        if "not exclusive" in state:
+            found = self._clashing(path, want, grants)
+            if found - self.clashes:
+                self.clashes |= found
+                raise CgroupError(
+                    path,
+                    f"the kernel did not make it a partition of cpus {want.format_list()}:"
+                    f" {len(found)} cgroup(s) beside it name them in cpuset.cpus"
+                    f" ({', '.join(sorted(found)[:5])}); numad isolates those one by one",
+                )
         if state != "root" or now != want:
             raise CgroupError(
                 path,
@@ -94,6 +109,24 @@ class Partitions:
                 f" (cpuset.cpus.partition: {state!r}); its CPUs are not exclusive",
                 "look for exclusive CPUs that a cgroup beside it or above it names",
             )
+
+    def _clashing(self, path: str, cpus: CPUSet, grants: Mapping[str, int]) -> set[str]:
+        """The cgroups beside ``path`` (its parent's children) whose own cpuset.cpus
+        names any of ``cpus``: a partition's siblings may not (the kernel's rule for an
+        exclusive cpuset). Cost: a walk below the parent, only once a partition came
+        out invalid for it."""
+        parent, _, _ = path.rpartition("/")
+        depth = path.count("/")
+        found = set()
+        for other in self.backend.descendants(parent) if parent else []:
+            if other.count("/") != depth or other in grants or other in (path, self.holder):
+                continue
+            try:
+                if self.backend.read(other)[0] & cpus:
+                    found.add(other)
+            except CgroupError:
+                continue  # gone meanwhile
+        return found
 
     def end(self, path: str, grants: Mapping[str, int], *, known: bool = True) -> None:
         """Dissolve ``path``'s partition (if the cgroup is still there) and give its

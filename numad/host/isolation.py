@@ -323,7 +323,7 @@ class Isolation:
                 self.systemd.set_allowed(own["unit"], every, None, runtime=True)
                 if not cpus:  # the property unset, as before (the file keeps every CPU)
                     self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
-            elif self._backend(path).exists(path):
+            elif self._backend(path).exists(path) and not (not cpus and self._inherits(path)):
                 self._backend(path).write(path, every, None)
                 if not cpus and not self.v1:  # inherit again where the kernel allows it
                     self._empty(path)
@@ -331,6 +331,12 @@ class Isolation:
             return f"{path}: cannot give its cpuset back: {err}"
         self.log.info("cgroup_isolation_ended", cgroup=path, cpus=own.get("cpus") or "all")
         return None
+
+    def _inherits(self, path: str) -> bool:
+        """Empty the cgroup's cpuset.cpus straight away where the kernel allows it (no
+        tasks, v2): every CPU is not written first, which a partition beside it refuses."""
+        unit = self.record.unit(path) if self.record is not None else None
+        return not self.v1 and unit is None and self._empty(path)
 
     def _empty(self, path: str) -> bool:
         """Empty the cgroup's cpuset.cpus (it inherits its parent's again); False
@@ -345,19 +351,20 @@ class Isolation:
         data = json.dumps({"version": 1, "cgroups": self.originals}, sort_keys=True).encode()
         write_file(self.state_dir, FILE, data, what="isolation record")
 
-    def restore(self) -> list[str]:
-        """Give every isolated cgroup its own setting back; returns the problems (a
-        cgroup that is gone has nothing to give back). The record keeps only those
-        that could not be given back, so a later call (or numad) tries them again and
-        not every other one: with isolation off or partitions, each pass calls this."""
+    def restore(self, keep: Collection[str] = ()) -> list[str]:
+        """Give every isolated cgroup but ``keep`` its own setting back; returns the
+        problems (a cgroup that is gone has nothing to give back). The record keeps
+        only those that could not be given back, and ``keep``, so a later call (or
+        numad) tries them again and not every other one: with isolation off or
+        partitions, each pass calls this."""
         problems = []
-        failed = {}
-        for path in sorted(self.originals):
+        failed = {p: self.originals[p] for p in keep if p in self.originals}
+        for path in sorted(set(self.originals) - set(keep)):
             problem = self._give_back(path)
             if problem:
                 problems.append(problem)
                 failed[path] = self.originals[path]
-        if self.record is not None:  # units told, though no longer isolated
+        if self.record is not None and not keep:  # units told, though no longer isolated
             problems += self.record.give_all_back(self.online)
         if failed != self.originals:
             self.originals = failed
@@ -367,7 +374,7 @@ class Isolation:
                 problems.append(
                     f"the isolation record still lists them (the next numad rechecks): {err}"
                 )
-        self.isolated = set()
+        self.isolated = set(keep)
         return problems
 
 

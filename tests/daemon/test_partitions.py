@@ -443,3 +443,62 @@ def test_a_cgroup_that_cannot_be_given_back_is_retried_alone_each_pass(
     again.reconcile()
     assert {f.rsplit("/", 1)[0] for f in files} == {strays[7]}
     assert set(again.isolation.originals) == {strays[7]}
+
+
+def test_a_cgroup_beside_a_partition_naming_its_cpus_is_isolated_and_the_partition_made(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The kernel leaves a partition invalid while a cgroup beside it names its CPUs in
+    its own cpuset.cpus (the VM's 6.12: ``root invalid (Cpu list in cpuset.cpus not
+    exclusive)``): numad isolates that cgroup one by one and makes the partition in the
+    same admission; the cgroup gets its own setting back when numad stops."""
+    daemon = recorded_daemon(machines, tmp_path, PARTITIONS)
+    tree = _tree(daemon)
+    scratch_mkdir(tree, "numad.slice/foreign")
+    every = _effective(daemon, "numad.slice/foreign")
+    (tree / "numad.slice/foreign/cpuset.cpus").write_text(every.format_list())  # its owner's
+    daemon.reconcile()
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    cpus = _partitions(daemon)["numad.slice/db"]
+    assert len(cpus) == 4
+    assert not _effective(daemon, "numad.slice/foreign") & cpus
+    assert [i["cgroup"] for i in daemon.host()["isolated"]] == ["numad.slice/foreign"]
+    assert not [p for p in daemon.problems if "partition" in p or "write" in p], daemon.problems
+    daemon.reconcile()  # kept isolated while the partition stands, and nothing else
+    assert _partitions(daemon) == {"numad.slice/db": cpus}
+    assert [i["cgroup"] for i in daemon.host()["isolated"]] == ["numad.slice/foreign"]
+    daemon.stop()
+    assert _partitions(daemon) == {}
+    assert CPUSet.parse_list((tree / "numad.slice/foreign/cpuset.cpus").read_text()) == every
+
+
+def test_turning_to_partitions_keeps_busy_cgroups_isolated_that_cannot_inherit_again(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """numad isolated cgroups one by one, then starts with partitions (the VM's 6.12:
+    giving a stray with tasks every CPU back, as v2 refuses it an empty cpuset.cpus,
+    left the partition beside it invalid): one with tasks stays isolated on the shared
+    pool while partitions stand; one without tasks inherits its parent's again, with
+    no write of every CPU first."""
+    offering = recorded_daemon(machines, tmp_path, PARTITIONS)  # a tree that offers them
+    offering.stop()
+    daemon = restarted_daemon(offering, {"host": {"partitions": False}})
+    tree = _tree(daemon)
+    for name in ("busy", "idle"):
+        scratch_mkdir(tree, f"numad.slice/{name}")
+    (tree / "numad.slice/busy/cgroup.procs").write_text("4242\n")
+    daemon.reconcile()
+    assert _admit(daemon, "db", "numad.slice/db", 4)
+    again = restarted_daemon(daemon, PARTITIONS)
+    cpus = _partitions(again)["numad.slice/db"]
+    assert len(cpus) == 4
+    assert not [p for p in again.problems if "partition" in p or "write" in p], again.problems
+    assert [i["cgroup"] for i in again.host()["isolated"]] == ["numad.slice/busy"]
+    assert not _effective(again, "numad.slice/busy") & cpus
+    assert again.enforcer.partitions is not None
+    assert again.enforcer.partitions.clashes == set()  # kept, not given every CPU and found
+    assert (tree / "numad.slice/idle/cpuset.cpus").read_text().strip() == ""
+    again.stop()
+    assert _partitions(again) == {}
+    busy = CPUSet.parse_list((tree / "numad.slice/busy/cpuset.cpus").read_text())
+    assert busy.issuperset(cpus)  # every CPU again, once no partition stands beside it

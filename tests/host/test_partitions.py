@@ -54,6 +54,29 @@ def test_a_partition_takes_its_cpus_from_every_other_cgroup(tree: Path) -> None:
     assert _effective(b, "numad.slice/stray") == CPUSet([1, 2, 3])
 
 
+def test_a_cgroup_beside_naming_its_cpus_leaves_a_partition_invalid(tree: Path) -> None:
+    """6.12's rule, met in the VM tier: a partition's sibling with no exclusive CPUs of
+    its own may not name its CPUs in cpuset.cpus (the partition is invalid while it
+    does, and such a write beside a valid one is refused); one elsewhere may."""
+    b = _backend(tree)
+    b.write("numad.slice/stray", CPUSet([3, 4]), None)
+    b.write_exclusive("numad.slice", CPUSet([2, 3]))
+    b.write_exclusive("numad.slice/pa", CPUSet([2, 3]))
+    b.write_partition("numad.slice/pa", "root")
+    assert b.partition("numad.slice/pa") == (
+        CPUSet([2, 3]),
+        "root invalid (Cpu list in cpuset.cpus not exclusive)",
+    )
+    assert _effective(b, "system.slice/x") == EVERY
+    b.write("numad.slice/stray", CPUSet([4]), None)
+    b.write_partition("numad.slice/pa", "root")
+    assert b.partition("numad.slice/pa") == (CPUSet([2, 3]), "root")
+    with pytest.raises(CgroupError, match=r"numad\.slice/stray"):
+        b.write("numad.slice/stray", CPUSet([2, 4]), None)
+    b.write("numad.slice/pb/b", CPUSet([2, 4]), None)  # not beside it: masked, not refused
+    assert _effective(b, "numad.slice/pb/b") == CPUSet([4])
+
+
 @pytest.mark.parametrize(
     ("path", "cpus", "why"),
     [

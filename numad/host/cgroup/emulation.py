@@ -170,6 +170,10 @@ class KernelV2:
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(file)) from err
             if not ids and file.name == "cpuset.cpus" and _has_tasks(file.parent):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+            if file.name == "cpuset.cpus" and self.partitions is not None:
+                self.prune()
+                if self.partitions.refuses_cpus(file.parent, ids):
+                    raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(file))
         write_file(file, value)
         if file.name in ("cpuset.cpus", "cpuset.mems"):
             self._refresh(file.parent)

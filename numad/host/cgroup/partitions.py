@@ -10,8 +10,10 @@ not inside it, with no write to any of them. What the emulation holds to:
   child's still names (EBUSY);
 - ``cpuset.cpus.partition`` = ``root`` makes a valid partition when its exclusive
   set is not empty, lies within every ancestor's exclusive set (the root's aside),
-  no ancestor is itself a partition, it overlaps no other partition and the root
-  keeps a CPU; otherwise the file reads ``root invalid (<reason>)`` and nothing
+  no ancestor is itself a partition, it overlaps no other partition nor the
+  cpuset.cpus of a cgroup beside it without exclusive CPUs, and the root keeps a
+  CPU (a write of cpuset.cpus naming a valid partition's CPUs beside it is then
+  refused, EINVAL); otherwise the file reads ``root invalid (<reason>)`` and nothing
   moves. ``member`` dissolves it;
 - a valid partition's effective set is its exclusive set; every other cgroup's is
   its configured set masked by its parent's, the root's being the online CPUs less
@@ -147,11 +149,30 @@ class Partitions:
                 return "Parent is a partition root"
             if not cpus.issubset(self.exclusive(level)):
                 return "Invalid cpu list in cpuset.cpus.exclusive"
-        if any(cpus & c for c in others.values()):
+        if any(cpus & c for c in others.values()) or self._named_beside(d, cpus):
             return "Cpu list in cpuset.cpus not exclusive"
         if not _pool(online, others) - cpus:
             return "Partition root state has no CPU left for the root"
         return None
+
+    def _named_beside(self, d: Path, cpus: CPUSet) -> bool:
+        """Whether a cgroup beside ``d`` with no exclusive CPUs of its own names any of
+        ``cpus`` in its cpuset.cpus (the kernel compares a sibling's cpuset.cpus when
+        its cpuset.cpus.exclusive is empty)."""
+        for other in _children(d.parent):
+            if other == d or self.exclusive(other) or not (other / "cpuset.cpus").exists():
+                continue
+            if CPUSet.parse_list(self.read(other / "cpuset.cpus")) & cpus:
+                return True
+        return False
+
+    def refuses_cpus(self, d: Path, cpus: CPUSet) -> bool:
+        """Whether a write of ``cpus`` to ``d``'s cpuset.cpus is refused (EINVAL): a valid
+        partition beside it holds any of them."""
+        return any(
+            (self.root / key).parent == d.parent and (self.root / key) != d and held & cpus
+            for key, held in self.valid().items()
+        )
 
     def effective(self, d: Path) -> CPUSet | None:
         """A valid partition's effective CPUs; None for any other cgroup."""
