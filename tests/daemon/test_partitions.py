@@ -18,6 +18,7 @@ import pytest
 from numad.cli import textout
 from numad.cpuset import CPUSet
 from numad.daemon.root import Daemon
+from numad.errors import CgroupError
 from numad.host.cgroup import v2
 from numad.host.cgroup.partitions import REGISTRY
 from numad.host.scratch import scratch_mkdir
@@ -141,12 +142,16 @@ def test_grants_move_between_pods_in_a_seeded_simulation(
     rng = random.Random(23)  # noqa: S311 - a seeded simulation, not a secret
     crashes = 0
     later: list[str] = []  # admitted before their cgroup was made
+    foreign: list[str] = []  # cgroups whose owner names CPUs in their cpuset.cpus
     for step in range(200):
         if rng.random() < 0.15:
             _crash_after(daemon, rng.randint(0, 4))
         live = {n: s.cgroup for n, s in daemon.specs.items()}
         try:
-            if live and (rng.random() < 0.45 or len(live) >= 6):
+            if rng.random() < 0.08:
+                foreign.append(_foreign(tree, rng.choice(pods), step, busy=rng.random() < 0.5))
+                daemon.isolate_new([foreign[-1]])  # the event its mkdir raises
+            elif live and (rng.random() < 0.45 or len(live) >= 6):
                 daemon.release(rng.choice(sorted(live)))
             elif later and rng.random() < 0.3:  # a unit started after its admission
                 cgroup = later.pop(rng.randrange(len(later)))
@@ -164,14 +169,44 @@ def test_grants_move_between_pods_in_a_seeded_simulation(
             crashes += 1
             daemon = restarted_daemon(daemon, PARTITIONS)  # the killed one is dropped
             daemon.reconcile()
-        _check_partitions(daemon, pods, step)
+        _check_partitions(daemon, pods, step, foreign)
     assert crashes >= 10
     assert len(daemon.specs) >= 1
+    assert len(foreign) >= 10
+    daemon.stop()  # each foreign cgroup's own setting back, once no partition stands
+    for path in foreign:
+        assert (tree / path / "cpuset.cpus").read_text().strip() == _FOREIGN[path], path
 
 
-def _check_partitions(daemon: Daemon, pods: list[str], step: int) -> None:
+_FOREIGN: dict[str, str] = {}  # a foreign cgroup -> what its owner wrote
+
+
+def _foreign(tree: Path, pod: str, step: int, *, busy: bool) -> str:
+    """A cgroup made beside the workloads by another owner, who names every CPU in
+    its cpuset.cpus, or (the kernel refusing that beside a partition holding some)
+    the CPUs it runs on now; with a task in it where ``busy``."""
+    path = f"{pod}/foreign{step}"
+    scratch_mkdir(tree, path)
+    if busy:
+        (tree / path / "cgroup.procs").write_text(f"{4000 + step}\n")
+    owner = v2.CgroupV2Backend(tree, ["numad.slice"], emulate_kernel=True)
+    try:
+        owner.write(path, _ONLINE, None)
+    except CgroupError:
+        owner.write(path, owner.read_effective(path)[0], None)
+    _FOREIGN[path] = (tree / path / "cpuset.cpus").read_text().strip()
+    return path
+
+
+_ONLINE = CPUSet(range(32))  # the 2-socket recording's
+
+
+def _check_partitions(
+    daemon: Daemon, pods: list[str], step: int, foreign: list[str] | None = None
+) -> None:
     """Each admitted workload's CPUs are a partition: its cgroup's, or numad's holding
-    cgroup's while its cgroup is not there; nothing else is one."""
+    cgroup's while its cgroup is not there; nothing else is one, and no stray nor
+    ``foreign`` cgroup runs on them."""
     parts = daemon.enforcer.partitions
     assert parts is not None
     backend = parts.backend
@@ -190,6 +225,8 @@ def _check_partitions(daemon: Daemon, pods: list[str], step: int) -> None:
         assert cpus
         assert not taken & cpus
         taken |= cpus
+    for path in foreign or []:
+        assert not _effective(daemon, path) & taken, (step, path)
     for pod in pods:
         assert not _effective(daemon, f"{pod}/stray") & taken, (step, pod)
         below = CPUSet()
