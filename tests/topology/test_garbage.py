@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,17 +73,7 @@ def tree(
 def test_garbage_in_one_file_never_crashes_discovery(tree: Tree, data: st.DataObject) -> None:
     path = data.draw(st.sampled_from(tree.files), label="file")
     garbage = data.draw(GARBAGE, label="content")
-    real = tree.root / path.lstrip("/")
-    original = real.read_bytes()
-    real.write_bytes(garbage)
-    try:
-        outcome = _discover(tree.root)
-    finally:
-        real.write_bytes(original)
-    if isinstance(outcome, NumadError):
-        assert path.startswith(outcome.subject), outcome
-    else:
-        _assert_well_formed(outcome)
+    _one_file(tree, path, lambda _: garbage)
 
 
 @settings(
@@ -112,17 +103,23 @@ def test_a_unicode_digit_in_any_file_is_not_a_number(tree: Tree, digit: str) -> 
     """Each file in turn holds a Unicode digit among ASCII ones (hypothesis found
     ``int('\u00b9')`` raising in the distance rows): a fallback or an error naming the file."""
     for path in tree.files:
-        real = tree.root / path.lstrip("/")
-        original = real.read_bytes()
-        real.write_bytes(original.replace(b"1", digit.encode(), 1) or digit.encode())
-        try:
-            outcome = _discover(tree.root)
-        finally:
-            real.write_bytes(original)
-        if isinstance(outcome, NumadError):
-            assert path.startswith(outcome.subject), outcome
-        else:
-            _assert_well_formed(outcome)
+        _one_file(tree, path, lambda text: text.replace(b"1", digit.encode(), 1) or digit.encode())
+
+
+def _one_file(tree: Tree, path: str, change: Callable[[bytes], bytes]) -> None:
+    """Discovery with ``path`` changed (and put back after): a fallback, or an error
+    naming that file."""
+    real = tree.root / path.lstrip("/")
+    original = real.read_bytes()
+    real.write_bytes(change(original))
+    try:
+        outcome = _discover(tree.root)
+    finally:
+        real.write_bytes(original)
+    if isinstance(outcome, NumadError):
+        assert path.startswith(outcome.subject), outcome
+    else:
+        _assert_well_formed(outcome)
 
 
 def _discover(root: Path) -> Topology | NumadError:

@@ -416,16 +416,7 @@ def test_sigkill_in_the_middle_of_admissions_keeps_every_invariant(numad: Daemon
     for name in names:
         make_cgroup(name)
         start_in(name)
-    threads = [
-        threading.Thread(target=_try_admit, args=(numad, name), daemon=True) for name in names
-    ]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
-    numad.kill()
-    for t in threads:
-        t.join(timeout=CALL)
-    numad.start()
+    killed_mid_admissions(numad, names, "100m")
     check_invariants(numad)
     for name in {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}:
         if name.startswith(("crash", "burst")):
@@ -450,17 +441,7 @@ def test_sigkill_with_partitions_keeps_every_exclusive_set_a_partition(numad: Da
         for name in names:
             make_cgroup(name)
             start_in(name)
-        threads = [
-            threading.Thread(target=_try_admit, args=(numad, name, 1), daemon=True)
-            for name in names
-        ]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-        numad.kill()
-        for t in threads:
-            t.join(timeout=CALL)
-        numad.start()
+        killed_mid_admissions(numad, names, 1)
         partitioned(numad)
         check_invariants(numad)
         for name in {w["name"] for w in numad.call("GET", "/v1/workloads")["workloads"]}:
@@ -494,7 +475,21 @@ def partitioned(numad: Daemon) -> None:
     assert not [p for p in health if "partition" in p], health
 
 
-def _try_admit(numad: Daemon, name: str, cpus: int | str = "100m") -> None:
+def killed_mid_admissions(numad: Daemon, names: list[str], cpus: int | str) -> None:
+    """A real SIGKILL while ``names`` are being admitted (``cpus`` each), then a start."""
+    threads = [
+        threading.Thread(target=_try_admit, args=(numad, name, cpus), daemon=True) for name in names
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    numad.kill()
+    for t in threads:
+        t.join(timeout=CALL)
+    numad.start()
+
+
+def _try_admit(numad: Daemon, name: str, cpus: int | str) -> None:
     with contextlib.suppress(OSError, APIError):  # killed mid-request
         numad.call("POST", "/v1/workloads", _spec(name, cpus=cpus))
 
