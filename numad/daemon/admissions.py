@@ -2,8 +2,9 @@
 
 Daemon side, a collaborator of ``numad.daemon.root.Daemon`` on the shared
 ``Holdings``. Each follows the one sequence every change takes, under the lock:
-decide (pure: ``numad.daemon.moving.decide``, the admission with moves where it
-needs them) -> checkpoint (atomic, ``numad.daemon.commits``) -> cgroups. A change
+decide (pure: the plain admission, and on a rejection the search for moves, which runs
+after the lock on what it read under it: ``numad.daemon.moving``) -> checkpoint
+(atomic, ``numad.daemon.commits``) -> cgroups. A change
 whose checkpoint cannot be written changes nothing in memory and raises
 ``CheckpointError``. An admission made possible by moves commits the moved
 workloads' new places with it, in the same checkpoint.
@@ -21,17 +22,20 @@ from numad.daemon.commits import Commits
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
-from numad.daemon.moving import decide, recorded
+from numad.daemon.moving import Resident, View, decide, recorded, search
 from numad.daemon.views import Views
 from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
 from numad.host.isolation import Isolation
 from numad.host.migration import Migrations
 from numad.host.targets import Log
 from numad.observe import Problems
-from numad.placement.admission import Outcome, release
+from numad.placement.admission import Books, Outcome, admit, release
+from numad.placement.moves import Plan
 from numad.workload import units
 from numad.workload.shape import WorkloadSpec
 from numad.workload.spec import load_spec, parse_spec
+
+SEARCHES = 3  # searches for moves after the lock before one under it
 
 
 @dataclass
@@ -68,45 +72,89 @@ class Admissions:
 
     def plan(self, spec: WorkloadSpec) -> Outcome:
         """What admitting ``spec`` would do, moves included; for a workload admitted
-        already, what it holds."""
+        already, what it holds. The search for moves runs after the lock."""
         held = self.held
         with held.lock:
             if spec.name in held.specs:
                 return self.views.holding(spec.name)
-            _, outcome, _ = decide(held, spec.to_request(), self.resident)
-            return replace(outcome, planned=True)
+            books, outcome = admit(held.engine, held.books, spec.to_request())
+            view = View.of(held)
+        if not outcome.admitted:
+            _, outcome, _ = search(view, spec.to_request(), self._resident(view), books, outcome)
+        return replace(outcome, planned=True)
 
     def admit(self, spec: WorkloadSpec) -> Outcome:
-        held = self.held
+        """Admit ``spec``: decide, checkpoint, cgroups. A rejection's search for moves runs
+        after the daemon's lock, on what it read under it; its plan commits only if
+        nothing it read changed meanwhile, else the search runs again (the last time
+        under the lock, so an admission never starves)."""
+        spec = self._resolved(spec)  # systemd's answer, before the lock
+        held, request = self.held, spec.to_request()
+        for _ in range(SEARCHES):
+            with held.lock:
+                self._check_new(spec)
+                started = time.perf_counter()
+                books, outcome = admit(held.engine, held.books, request)
+                if outcome.admitted:
+                    return self._commit(spec, books, outcome, None, started)
+                view = View.of(held)
+            found = search(view, request, self._resident(view), books, outcome)
+            with held.lock:
+                if view.same(held):
+                    self._check_new(spec)
+                    return self._commit(spec, *found, started)
         with held.lock:
-            if spec.name in held.specs:
-                raise WorkloadError(spec.name, "is already admitted", "release it first")
-            spec = self._resolved(spec)
-            self.views.check_cgroups_free(spec)
+            self._check_new(spec)
             started = time.perf_counter()
-            books, outcome, plan = decide(held, spec.to_request(), self.resident)
-            self.views.count(spec, outcome, time.perf_counter() - started)
-            if not outcome.admitted:
-                self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
-                return outcome
-            specs = {**held.specs, spec.name: spec}
-            if any(self.commits.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
-                held.seen.add(spec.name)  # released when its cgroups go (after the grace)
-            try:
-                self.commits.commit(books, specs)  # invariant 3: before any cgroup change
-            except CheckpointError:
-                held.seen.discard(spec.name)
-                raise
-            self.commits.crash_point("admit:after-checkpoint")
-            held.books, held.specs = books, specs
-            held.outcomes[spec.name] = outcome
-            if plan is not None:
-                self.metrics.admitted_by_moves.inc()
-                recorded(held, self.metrics, self.log, plan, to_admit=spec.name)
-            self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
-            self.views.update_gauges()
-            self.log.info("admission_accepted", workload=spec.name, moved=len(outcome.moves))
+            return self._commit(spec, *decide(held, request, self.resident), started)
+
+    def _check_new(self, spec: WorkloadSpec) -> None:
+        if spec.name in self.held.specs:
+            raise WorkloadError(spec.name, "is already admitted", "release it first")
+        self.views.check_cgroups_free(spec)
+
+    def _resident(self, view: View) -> Resident:
+        """A workload's resident memory per node, by the specs the search reads."""
+
+        def of(name: str) -> dict[int, int]:
+            spec = view.specs[name]
+            return self.migrations.resident(spec.container_cgroup(c) for c in spec.containers)
+
+        return of
+
+    def _commit(
+        self,
+        spec: WorkloadSpec,
+        books: Books,
+        outcome: Outcome,
+        plan: Plan | None,
+        started: float,
+    ) -> Outcome:
+        """The decision made (under the lock): counted, and if admitted, checkpointed,
+        then written."""
+        held = self.held
+        self.views.count(spec, outcome, time.perf_counter() - started)
+        if not outcome.admitted:
+            self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
             return outcome
+        specs = {**held.specs, spec.name: spec}
+        if any(self.commits.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
+            held.seen.add(spec.name)  # released when its cgroups go (after the grace)
+        try:
+            self.commits.commit(books, specs)  # invariant 3: before any cgroup change
+        except CheckpointError:
+            held.seen.discard(spec.name)
+            raise
+        self.commits.crash_point("admit:after-checkpoint")
+        held.books, held.specs = books, specs
+        held.outcomes[spec.name] = outcome
+        if plan is not None:
+            self.metrics.admitted_by_moves.inc()
+            recorded(held, self.metrics, self.log, plan, to_admit=spec.name)
+        self.commits.after_commit(lambda: self.commits.enforce(self._admit_step, changed=spec))
+        self.views.update_gauges()
+        self.log.info("admission_accepted", workload=spec.name, moved=len(outcome.moves))
+        return outcome
 
     def _resolved(self, spec: WorkloadSpec) -> WorkloadSpec:
         """A unit's spec with its cgroup as systemd has it (a given one must match)."""

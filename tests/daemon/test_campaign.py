@@ -226,7 +226,7 @@ def _converts_huge_integers(mp: pytest.MonkeyPatch) -> None:
 
 
 def _moves_the_fixed(mp: pytest.MonkeyPatch) -> None:
-    """The search told every workload is movable."""
+    """The search told every workload is movable (under the lock and after it)."""
     decide = moving.decide
 
     def all_movable(held: Any, request: Any, resident: Any) -> Any:
@@ -238,6 +238,13 @@ def _moves_the_fixed(mp: pytest.MonkeyPatch) -> None:
             held.specs = specs
 
     mp.setattr(admissions, "decide", all_movable)
+    search = moving.search
+
+    def searched_all_movable(view: Any, *args: Any) -> Any:  # the search after the lock
+        specs = {n: dataclasses.replace(s, movable=True) for n, s in view.specs.items()}
+        return search(dataclasses.replace(view, specs=specs), *args)
+
+    mp.setattr(admissions, "search", searched_all_movable)
 
 
 @dataclasses.dataclass(frozen=True)

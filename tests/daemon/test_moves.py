@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ import pytest
 
 from numad.cli.client import APIError
 from numad.cpuset import CPUSet
+from numad.daemon import admissions, moving
 from numad.daemon.root import Daemon
 from numad.host.scratch import scratch_mkdir
+from numad.placement.admission import Outcome
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
 from tests.daemon.test_daemon_e2e import Numad, _check_invariants, _spec, numad
 from tests.daemon.test_resize import NODES
@@ -89,10 +92,15 @@ def test_a_movable_workload_is_moved_to_admit_another(numad: Numad) -> None:
 
 
 def _admit(daemon: Daemon, spec: dict[str, Any]) -> dict[str, Any]:
+    _admit_outcome(daemon, spec)
+    return daemon.show(spec["name"])
+
+
+def _admit_outcome(daemon: Daemon, spec: dict[str, Any]) -> Outcome:
     scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", spec["cgroup"])
     outcome = daemon.admit(daemon.parse(json.dumps(spec), "json"))
     assert outcome.admitted, outcome.explanation
-    return daemon.show(spec["name"])
+    return outcome
 
 
 def _counts(daemon: Daemon) -> tuple[float, float, float]:
@@ -138,3 +146,73 @@ def test_a_grown_movable_workload_is_re_placed(machines: Machines, tmp_path: Pat
     status, answer = daemon.resize("fixed", b'{"cpus": 12}')  # not movable: refused
     assert status == 409
     assert "the workload is not movable" in answer["error"]["message"]
+
+
+def test_the_search_for_moves_runs_after_the_lock_and_a_stale_plan_is_not_committed(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search runs with the daemon's lock free (another thread takes it meanwhile).
+    A change that lands during the search (web released) makes its plan stale: the
+    admission decides again on what holds now (big fits plainly: db is not moved, web
+    stays released), never commits the plan made on the old books."""
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, _spec("db", 4, movable=True))
+    _admit(daemon, _spec("web", 6))
+    _admit(daemon, _spec("batch", 12))
+    db = daemon.show("db")["containers"]["main"]["cpus"]
+    real = moving.search
+    free: list[bool] = []
+
+    def racing(*args: Any) -> Any:
+        taken = threading.Thread(target=lambda: free.append(_takes(daemon.held.lock)))
+        taken.start()
+        taken.join()
+        found = real(*args)
+        if len(free) == 1:
+            daemon.release("web")  # lands between the search and its commit
+        return found
+
+    monkeypatch.setattr(admissions, "search", racing)
+    big = _admit_outcome(daemon, _spec("big", 8))
+    assert free == [True]  # one search, made with the lock free
+    assert "web" not in daemon.specs
+    assert daemon.show("db")["containers"]["main"]["cpus"] == db  # no move needed now
+    assert not big.moves
+    assert _counts(daemon) == (0, 0, 0)
+    taken = CPUSet()
+    for name in daemon.specs:
+        cpus = CPUSet.parse_list(daemon.show(name)["containers"]["main"]["cpus"])
+        assert not cpus & taken, name
+        taken |= cpus
+
+
+def test_a_plan_that_stays_stale_is_made_under_the_lock_at_last(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every search outrun by another change (a stand-in for a busy host): after
+    ``SEARCHES`` of them the admission decides under the lock, and its plan commits."""
+    daemon = recorded_daemon(machines, tmp_path)
+    for spec in (_spec("db", 4, movable=True), _spec("web", 6), _spec("batch", 12)):
+        _admit(daemon, spec)
+    real = moving.search
+    searched = [0]
+
+    def outrun(*args: Any) -> Any:
+        searched[0] += 1
+        with daemon.held.lock:
+            daemon.held.specs = dict(daemon.held.specs)  # a commit that changed nothing
+        return real(*args)
+
+    monkeypatch.setattr(admissions, "search", outrun)
+    big = _admit_outcome(daemon, _spec("big", 8))
+    assert searched[0] == admissions.SEARCHES
+    assert [m.workload for m in big.moves] == ["db"]
+    assert _counts(daemon)[:2] == (1, 1)
+
+
+def _takes(lock: Any) -> bool:
+    """Whether another thread can take ``lock`` at once."""
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
