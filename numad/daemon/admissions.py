@@ -80,7 +80,7 @@ class Admissions:
             books, outcome = admit(held.engine, held.books, spec.to_request())
             view = View.of(held)
         if not outcome.admitted:
-            _, outcome, _ = search(view, spec.to_request(), self._resident(view), books, outcome)
+            _, outcome, _ = search(view, spec.to_request(), self.resident_in(view), books, outcome)
         return replace(outcome, planned=True)
 
     def admit(self, spec: WorkloadSpec) -> Outcome:
@@ -98,7 +98,7 @@ class Admissions:
                 if outcome.admitted:
                     return self._commit(spec, books, outcome, None, started)
                 view = View.of(held)
-            found = search(view, request, self._resident(view), books, outcome)
+            found = search(view, request, self.resident_in(view), books, outcome)
             with held.lock:
                 if view.same(held):
                     self._check_new(spec)
@@ -113,7 +113,7 @@ class Admissions:
             raise WorkloadError(spec.name, "is already admitted", "release it first")
         self.views.check_cgroups_free(spec)
 
-    def _resident(self, view: View) -> Resident:
+    def resident_in(self, view: View) -> Resident:
         """A workload's resident memory per node, by the specs the search reads."""
 
         def of(name: str) -> dict[int, int]:

@@ -165,7 +165,7 @@ class Daemon:
             log,
         )
         self.plan = self.admissions.plan
-        resizes.resident = self.admissions.resident
+        resizes.resident_in = self.admissions.resident_in
 
     # The shared state, read where the API, the page and tests look for it.
     @property

@@ -18,9 +18,10 @@ import pytest
 
 from numad.cli.client import APIError
 from numad.cpuset import CPUSet
-from numad.daemon import admissions, moving
+from numad.daemon import admissions, moving, resizes
 from numad.daemon.root import Daemon
 from numad.host.scratch import scratch_mkdir
+from numad.placement import moves
 from numad.placement.admission import Outcome
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
 from tests.daemon.test_daemon_e2e import Numad, _check_invariants, _spec, numad
@@ -216,3 +217,37 @@ def _takes(lock: Any) -> bool:
         return False
     lock.release()
     return True
+
+
+def test_a_resize_searches_after_the_lock_and_a_stale_plan_is_not_committed(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """db grows to 12 CPUs, which node 0 cannot give it beside web: its re-placement is
+    searched with the lock free. web's release lands meanwhile, so the plan (db to node
+    1) is stale: db grows in place on node 0 instead, keeping every CPU it had."""
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, _spec("db", 4, movable=True))
+    _admit(daemon, _spec("web", 6))
+    db = CPUSet.parse_list(daemon.show("db")["containers"]["main"]["cpus"])
+    real = moves.replace_grown
+    free: list[bool] = []
+
+    def racing(*args: Any) -> Any:
+        taken = threading.Thread(target=lambda: free.append(_takes(daemon.held.lock)))
+        taken.start()
+        taken.join()
+        found = real(*args)
+        if len(free) == 1:
+            daemon.release("web")
+        return found
+
+    monkeypatch.setattr(resizes, "replace_grown", racing)
+    status, answer = daemon.resize("db", b'{"cpus": 12}')
+    assert status == 200, answer
+    assert free == [True]
+    cpus = CPUSet.parse_list(answer["containers"]["main"]["cpus"])
+    assert len(cpus) == 12
+    assert db.issubset(cpus)
+    assert cpus.issubset(NODES[0])
+    assert not answer["moves"]
+    assert "web" not in daemon.specs
