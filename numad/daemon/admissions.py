@@ -89,6 +89,12 @@ class Admissions:
         nothing it read changed meanwhile, else the search runs again (the last time
         under the lock, so an admission never starves)."""
         spec = self._resolved(spec)  # systemd's answer, before the lock
+        outcome = self._admit(spec)
+        if outcome.admitted:  # a unit's placement, or a move's: told systemd now
+            self.commits.settle_units(spec)
+        return outcome
+
+    def _admit(self, spec: WorkloadSpec) -> Outcome:
         held, request = self.held, spec.to_request()
         for _ in range(SEARCHES):
             with held.lock:
@@ -198,6 +204,7 @@ class Admissions:
             self.commits.settle_orphans()
             self.views.update_gauges()
             self.log.info("workload_released", workload=name)
+        self.commits.settle_units(spec)  # a unit leaves the exclusive CPUs before the answer
 
     def declared(self) -> None:
         """Admit the specs of the workloads directory that are not admitted yet."""

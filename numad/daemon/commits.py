@@ -117,7 +117,7 @@ class Commits:
             self.find_others(listing)
         else:
             self.leave_others(changed)
-        self.isolation.own(self.units(), held.orphans)  # units' placements go through systemd
+        self.isolation.workloads.own(self.units(), held.orphans)  # told through systemd
         memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
         wanted = targets(
             held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
@@ -135,8 +135,23 @@ class Commits:
             # made again in the same change (each clash is found once).
             self.enforce(step, listing=listing)
             return
-        self.isolation.preset(wanted)
+        self.isolation.workloads.preset(wanted)
         self.place_irqs()
+
+    def settle_units(self, changed: WorkloadSpec) -> None:
+        """After the lock, for an API change to a unit, or one whose grant waits on a
+        unit (that gives up its CPUs): systemd told what the workloads' units are owed
+        (``numad.host.workload_units``), so the answer comes once it has written them,
+        and what waited on them written. The daemon's lock is not held meanwhile; the
+        unit loop does the same for a pass, and for any other change."""
+        units = self.isolation.workloads
+        waits = any(self.health.has(f"grant:{p}") for p in self.held.cgroups_of(changed))
+        if not units.owed() or (changed.unit is None and not waits):
+            return
+        units.send()
+        with self.held.lock:
+            if not self.held.stopped:
+                self.after_commit(lambda: self.enforce(changed=changed))
 
     def after_commit(self, step: Callable[[], None]) -> None:
         """A cgroup step after a commit: the change stands whatever the step raises
@@ -329,7 +344,7 @@ class Commits:
                 return
             for path in settled - owned:
                 self.enforcer.forget(path)
-            self.isolation.own(self.units(), held.orphans)
+            self.isolation.workloads.own(self.units(), held.orphans)
 
 
 def _within(path: str, cgroup: str) -> bool:

@@ -14,14 +14,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from numad.daemon import notify
 from numad.daemon.metrics import Metrics
 from numad.daemon.watch import Event, debounce
 from numad.errors import NumadError
 from numad.host.cgroup.events import CgroupEvents
-from numad.host.unit_record import UnitRecord
 from numad.observe import Problems
 
 if TYPE_CHECKING:
@@ -137,31 +136,38 @@ def cgroup_loop(
         events.close()
 
 
+class Sender(Protocol):
+    """What numad owes systemd (``numad.host.isolation.Isolation``)."""
+
+    pending: threading.Event
+
+    def owed(self) -> bool: ...
+    def send(self) -> bool: ...
+
+
 def unit_loop(
     supervisor: Supervisor,
-    record: Callable[[], UnitRecord | None],
+    units: Sender,
     wake_reconcile: threading.Event,
     stop: threading.Event,
 ) -> None:
-    """Tell systemd the values numad wrote into its units' cgroups, off the daemon's
-    lock (``numad.host.unit_record``): at once when there is a new one, and every
-    second while one is owed (a failed call, retried with the bus's backoff). A value
-    settled that may have held back a grant wakes the reconcile loop."""
+    """Tell systemd, off the daemon's lock, the values numad wants its units to hold
+    (the workloads' own units: ``numad.host.workload_units``; the cgroups isolated:
+    ``numad.host.unit_record``): at once when there is a new one, and every second
+    while one is owed (a failed call, retried with the bus's backoff). A value
+    settled that may have held back a write wakes the reconcile loop."""
 
-    def round_(current: UnitRecord) -> None:
-        if current.send():
+    def round_() -> None:
+        if units.send():
             wake_reconcile.set()
 
     while not stop.is_set():
-        current = record()
-        if current is None:
-            stop.wait(1.0)
-            continue
-        current.pending.wait(1.0)
+        units.pending.wait(1.0)
         if stop.is_set():
             return
-        if current.wanted or current.returning:
-            supervisor.run_once("units", partial(round_, current))
+        units.pending.clear()  # before asking: one asked for meanwhile sets it again
+        if units.owed():
+            supervisor.run_once("units", round_)
 
 
 def _pass(

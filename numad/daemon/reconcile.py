@@ -274,4 +274,7 @@ class Reconciler:
                 self.commits.end_isolation()
             finally:  # whatever that met, the interrupts get theirs back too
                 self.commits.end_irqs()
+        # A released unit's settings reset, if still owed: sent within the stop's deadline
+        # (``Isolation.hurry``); otherwise its next start brings back its last placement.
+        self.commits.isolation.workloads.send()
         self.migrations.stop()  # outside the lock: the mover's report takes it

@@ -141,10 +141,18 @@ class Resizes:
         """200 with the new placement; 409 with the reason and nothing changed; 400 for
         a body numad cannot read or a container it cannot tell; 404 for no workload.
         A grown movable container that no longer fits is re-placed by a search run
-        after the lock, on what it read under it, as an admission's (SEARCHES)."""
+        after the lock, on what it read under it, as an admission's (SEARCHES); a
+        unit's placement is told to systemd after it too (``Commits.settle_units``)."""
         ask = parse_ask(name, raw)
         if not isinstance(ask, Ask):
             return ask
+        answer = self._resize(name, ask)
+        spec = self.held.specs.get(name)
+        if answer[0] == 200 and spec is not None:
+            self.commits.settle_units(spec)
+        return answer
+
+    def _resize(self, name: str, ask: Ask) -> Answer:
         held = self.held
         for _ in range(SEARCHES):
             with held.lock:

@@ -33,11 +33,12 @@ from numad.daemon.resume import resume
 from numad.daemon.views import Views
 from numad.errors import CheckpointError
 from numad.host import durable
+from numad.host.cgroup import host_parts
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.enforce import Enforcer
 from numad.host.exclusive import leftover_partitions, partitions
 from numad.host.irqs import IrqAffinity
-from numad.host.isolation import Isolation, Units, host_parts
+from numad.host.isolation import Isolation, Units
 from numad.host.migration import Migrations
 from numad.host.targets import Cgroups, Log
 from numad.hostfs import HostFS

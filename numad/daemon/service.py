@@ -159,10 +159,9 @@ def _run(
     watchdog = notify.watchdog_interval()
     period, stale_after = periods(daemon.config.reconcile_seconds, watchdog)
     wake = threading.Event()  # a pass now, not at the period's end
-    record = lambda: daemon.isolation.record  # noqa: E731 - rebuilt with systemd's bus
     loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
         (reconcile_loop, (supervisor, daemon.reconcile, stop, period, wake)),
-        (unit_loop, (supervisor, record, wake, stop)),
+        (unit_loop, (supervisor, daemon.isolation, wake, stop)),
     ]
     cgroup_root = getattr(daemon.cgroups, "root", None)
     if cgroup_root is not None:
@@ -194,6 +193,9 @@ class _NoCgroups:
 
     def exists(self, path: str) -> bool:
         return False
+
+    def identity(self, path: str) -> int | None:
+        return None
 
     def ensure(self, path: str) -> None:
         return None

@@ -25,10 +25,19 @@ from pathlib import Path
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
-from numad.host.cgroup.path import MAX_DEPTH
+from numad.host import strays
 from numad.host.drift import find_drift
 from numad.host.exclusive import Partitions
-from numad.host.targets import Cgroups, Listing, Log, Moves, Scan, Target, related_to, union
+from numad.host.targets import (
+    Cgroups,
+    Deferred,
+    Listing,
+    Log,
+    Moves,
+    Scan,
+    Target,
+    union,
+)
 from numad.observe import EnforcementCounters, Problems
 from numad.workload.shape import WorkloadSpec
 
@@ -72,37 +81,8 @@ class Enforcer:
     def unmanaged(
         self, roots: Iterable[str], specs: Collection[WorkloadSpec], listing: Listing | None = None
     ) -> set[str]:
-        """The cgroups inside the managed roots that are no workload's: not a
-        container's cgroup, nor above one (a pod's), nor below one (the
-        container's own business: it only sees the container's CPUs). From
-        ``listing`` where given (``scan``), else listed now."""
-        mine = {s.container_cgroup(c) for s in specs for c in s.containers}
-        found = set()
-        for root in roots:
-            try:
-                listed = listing.get(root) if listing is not None else None
-                if isinstance(listed, NumadError):
-                    raise listed
-                below = listed if listed is not None else self.cgroups.descendants(root)
-            except NumadError as err:
-                self._failed(root, err)
-                continue
-            deep = [p for p in below if p.count("/") >= MAX_DEPTH]
-            if deep:
-                self.problems.set(
-                    f"depth:{root}",
-                    f"{deep[0]}: {len(deep)} cgroups in {root} lie {MAX_DEPTH} levels or more"
-                    " deep; numad does not isolate them one by one (their ancestors bound them"
-                    " on cgroup v2)",
-                )
-                below = [p for p in below if p.count("/") < MAX_DEPTH]
-            else:
-                self.problems.clear(f"depth:{root}")
-            for path in below:
-                related = related_to(path, mine)
-                if not related:
-                    found.add(path)
-        return found
+        """The cgroups inside the managed roots that are no workload's (``strays``)."""
+        return strays.unmanaged(self.cgroups, roots, specs, listing, self.problems, self._failed)
 
     def exists(self, path: str) -> bool | None:
         """Whether the cgroup exists; None when that cannot be told (the fault is a
@@ -293,21 +273,7 @@ class Enforcer:
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
                 self.ensured.add(path)
-            # A mems write that moves pages (seconds per GiB) is the mover's: the file
-            # holds the old and new nodes meanwhile.
-            wide = None
-            if mems is not None and self.moves is not None:
-                wide = self.moves.interim(path, mems)
-            now = mems if wide is None else wide
-            if not exclusive and self.partitions is not None:  # before its CPUs change
-                self._end_grant(path)  # (6.12 warns at a cpus write to a partition)
-            self.cgroups.write(path, CPUSet.from_bits(cpus), now)
-            self._hold_grant(path, cpus if exclusive else 0)
-            self.problems.clear(f"write:{path}")
-            if wide is not None and mems is not None and self.moves is not None:
-                self.moves.narrow(path, mems, wide)
-            elif mems is not None and self.moves is not None:
-                self.moves.settled(path)
+            now = self._write(path, cpus, mems, exclusive=exclusive)
             if self._effective(path, CPUSet.from_bits(cpus), now):
                 moved = self.written.get(path, (0, None))[0] != cpus
                 self.written[path] = (cpus, mems)
@@ -316,11 +282,35 @@ class Enforcer:
                 return True
             self.written.pop(path, None)  # the file holds this write, not the value remembered
             return False
+        except Deferred:  # systemd writes it after the lock; then it is written here again
+            self.written.pop(path, None)
+            return False
         except NumadError as err:
             self._failed(path, err)
             if self.partitions is not None and self.partitions.refused:
                 self._without_partitions(self.partitions)
             return False
+
+    def _write(
+        self, path: str, cpus: int, mems: NodeSet | None, *, exclusive: bool
+    ) -> NodeSet | None:
+        """The file written, its grant held or ended; the mems it holds now."""
+        # A mems write that moves pages (seconds per GiB) is the mover's: the file
+        # holds the old and new nodes meanwhile.
+        wide = None
+        if mems is not None and self.moves is not None:
+            wide = self.moves.interim(path, mems)
+        now = mems if wide is None else wide
+        if not exclusive and self.partitions is not None:  # before its CPUs change
+            self._end_grant(path)  # (6.12 warns at a cpus write to a partition)
+        self.cgroups.write(path, CPUSet.from_bits(cpus), now)
+        self._hold_grant(path, cpus if exclusive else 0)
+        self.problems.clear(f"write:{path}")
+        if wide is not None and mems is not None and self.moves is not None:
+            self.moves.narrow(path, mems, wide)
+        elif mems is not None and self.moves is not None:
+            self.moves.settled(path)
+        return now
 
     def _without_partitions(self, refused: Partitions) -> None:
         """The kernel refuses numad partitions for good: each is dissolved, and every grant

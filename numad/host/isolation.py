@@ -12,7 +12,8 @@ engine's tree) and the cgroups inside the managed roots that are no workload's
 cgroup is written in cgroupfs, at once; one that systemd owns (its unit's
 ControlGroup is that path) is then given the value as its runtime ``AllowedCPUs=``
 by ``numad.host.unit_record``, from a thread of its own and never under the
-daemon's lock, so systemd agrees and a ``daemon-reload`` keeps it. Before its
+daemon's lock, so systemd agrees and a ``daemon-reload`` keeps it (a workload
+that is a unit is written by systemd alone: ``numad.host.workload_units``). Before its
 first write numad keeps the cgroup's own cpuset file in ``isolation.json`` in the
 state directory (the unit's own ``AllowedCPUs=`` in ``units.json``), durably, and
 on stop puts every one back. A crash keeps the files, so the next numad still
@@ -35,15 +36,13 @@ from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
-from numad.host.cgroup.v1 import CgroupV1Backend
-from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.durable import read_json, write_file
-from numad.host.targets import Cgroups, Log, Target
+from numad.host.targets import Cgroups, Log
 from numad.host.unit_record import UnitRecord, Units
 from numad.host.workload_units import WorkloadUnits
 from numad.observe import Problems
 
-__all__ = ["Isolation", "Units", "host_parts"]
+__all__ = ["Isolation", "Units"]
 
 FILE = "isolation.json"
 
@@ -81,13 +80,17 @@ class Isolation:
         self.tops: set[str] = set()
         self._fenced: dict[str, Cgroups] = {}  # top -> a backend fenced to it (``_backend``)
         self.stopping = threading.Event()  # numad stops: ``hurry``
+        self.pending = threading.Event()  # set when systemd is owed a value: the unit loop
         self.workloads = WorkloadUnits(
             None,
             log,
             lambda path: self._backend(path).read(path),
+            self.identity,
             v1=v1,
             sleep=sleep,
             stopping=self.stopping,
+            pending=self.pending,
+            problems=problems,
         )
         self.originals, self.problem = _load(state_dir)
         self.systemd = systemd  # builds the record
@@ -104,17 +107,29 @@ class Isolation:
         if systemd is None or self.v1:  # systemd sets cpusets only on cgroup v2
             self.record = None
             return
-        read = lambda path: self._backend(path).read(path)[0]  # noqa: E731
         self.record = UnitRecord(
             systemd,
             self.state_dir,
             self.log,
-            read,
+            lambda path: self._backend(path).read(path)[0],
             empty=self._empty,
             problems=self.problems,
             sleep=self.sleep,
             stopping=self.stopping,
+            pending=self.pending,
         )
+
+    def owed(self) -> bool:
+        """Whether systemd is owed a value (``send`` has work)."""
+        record = self.record
+        return self.workloads.owed() or bool(record and (record.wanted or record.returning))
+
+    def send(self) -> bool:
+        """One round of the unit loop: the workloads' units, then the isolated ones; True
+        when a value that may have held back a write is settled."""
+        self.pending.clear()
+        settled = self.workloads.send()
+        return (self.record is not None and self.record.send()) or settled
 
     def hurry(self, seconds: float) -> None:
         """numad stops: no wait on systemd lasts past ``seconds`` from now, and a call
@@ -222,10 +237,12 @@ class Isolation:
         return bool(roots) and not any(parts[: len(r.parts)] == r.parts for r in roots)
 
     def exists(self, path: str) -> bool:
-        unit = self.workloads.unit_of(path)
-        if unit is not None:
-            return self.workloads.runs_in(unit, path)
+        if self.workloads.unit_of(path) is not None:
+            return self.workloads.exists(path)
         return self._backend(path).exists(path)
+
+    def identity(self, path: str) -> int | None:
+        return self._backend(path).identity(path)
 
     def ensure(self, path: str) -> None:
         # systemd enables the controller for a workload's unit
@@ -235,7 +252,7 @@ class Isolation:
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         unit = self.workloads.unit_of(path)
         if unit is not None:
-            self.workloads.set(path, unit, cpus, mems, self.exists)
+            self.workloads.write(path, unit, cpus, mems)  # Deferred: systemd writes it
             return
         if path not in self.isolated:
             self._backend(path).write(path, cpus, mems)
@@ -258,6 +275,8 @@ class Isolation:
         cpus, mems = self._backend(path).read(path)
         if self.record is not None and path in self.isolated:
             cpus |= self.record.may_run_on(path)
+        elif self.workloads.unit_of(path) is not None:
+            cpus |= self.workloads.may_run_on(path)
         return cpus, mems
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
@@ -279,14 +298,6 @@ class Isolation:
         if unit is None and self.record is not None:
             unit = self.record.unit(path)
         return f"systemd {unit}" if unit else "cgroupfs"
-
-    # -- systemd ---------------------------------------------------------------------------
-
-    def own(self, units: dict[str, str], orphans: Collection[str]) -> None:
-        self.workloads.own(units, orphans)
-
-    def preset(self, wanted: Iterable[Target]) -> None:
-        self.workloads.preset(wanted, self.exists)
 
     # -- what to give back -----------------------------------------------------------------
 
@@ -392,17 +403,3 @@ def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
     except (TypeError, KeyError, AttributeError, NumadError) as err:
         return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); restore by hand"
     return found, None
-
-
-def host_parts(cgroups: object) -> dict[str, Any]:
-    """What ``Isolation`` needs to reach the top-level cgroups of ``cgroups``'s
-    hierarchy: its root and a backend of the same kind fenced to them. Nothing for a
-    backend without a hierarchy (a test double): only the managed roots are isolated."""
-    if not isinstance(cgroups, CgroupV2Backend | CgroupV1Backend):
-        return {}
-    kind, root, emulate = type(cgroups), cgroups.root, cgroups.emulate_kernel
-
-    def fenced(tops: list[str]) -> Cgroups:
-        return kind(root, tops, emulate_kernel=emulate)
-
-    return {"root": root, "host_backend": fenced, "v1": kind is CgroupV1Backend}

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.errors import NumadError
+from numad.errors import CgroupError, NumadError
 from numad.placement.admission import Books, placements
 from numad.workload.shape import WorkloadSpec
 
 
 class Cgroups(Protocol):
     def exists(self, path: str) -> bool: ...
+    def identity(self, path: str) -> int | None: ...
     def ensure(self, path: str) -> None: ...
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None: ...
     def read(self, path: str) -> tuple[CPUSet, NodeSet]: ...
@@ -26,6 +27,11 @@ class Cgroups(Protocol):
     def restore_cpus(self, cpus: CPUSet) -> None: ...
     def descendants(self, path: str) -> list[str]: ...
     def processes(self, path: str) -> list[int]: ...
+
+
+class Deferred(CgroupError):  # noqa: N818 - not a fault
+    """A write left to another writer (systemd, for a workload that is a unit), made
+    after the daemon's lock: the cgroup holds the value once it has (no fault)."""
 
 
 class Moves(Protocol):

@@ -94,6 +94,7 @@ class UnitRecord:
         problems: Problems | None = None,
         sleep: Callable[[float], None] = time.sleep,
         stopping: threading.Event | None = None,
+        pending: threading.Event | None = None,
     ) -> None:
         self.systemd = systemd
         self.state_dir = state_dir
@@ -109,7 +110,7 @@ class UnitRecord:
         self.units: dict[str, str | None] = {}  # path -> its unit, or None: not systemd's
         self.problems = problems or Problems()  # "unit:PATH": why systemd lacks its value
         self.returning: set[str] = set()  # told, and isolated no more: give back
-        self.pending = threading.Event()  # set by want(): the sender has work
+        self.pending = pending or threading.Event()  # set by want(): the sender has work
         self.told, problem = _load(state_dir)  # path -> {"unit", "cpus"}: the unit's own
         if problem:
             self.problems.set("unit-record", problem)
@@ -169,7 +170,6 @@ class UnitRecord:
             return self._round()
 
     def _round(self) -> bool:
-        self.pending.clear()
         with self.lock:
             batch = sorted(self.wanted.items())
             returning = sorted(self.returning)

@@ -607,18 +607,19 @@ def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
     for top in ("system.slice", "user.slice"):
         scratch_mkdir(tree, top)
-    stuck = _StuckSystemd({"system.slice": "/system.slice", "user.slice": "/user.slice"}, 0.5)
+    scratch_mkdir(tree, "numad.slice/svc.service")
+    control_groups = {"system.slice": "/system.slice", "user.slice": "/user.slice"}
+    stuck = _StuckWhenSetting({**control_groups, "svc.service": "/numad.slice/svc.service"}, 0.5)
     daemon.isolation.systemd = stuck
     notify_path = tmp_path / "notify.sock"
     supervisor = Supervisor(_Log(), daemon.metrics, daemon.health)
     stop, wake = threading.Event(), threading.Event()
-    record = lambda: daemon.isolation.record  # noqa: E731
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(notify_path))
         monkeypatch.setenv("NOTIFY_SOCKET", str(notify_path))
         loops: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
             (reconcile_loop, (supervisor, daemon.reconcile, stop, 0.05, wake)),
-            (unit_loop, (supervisor, record, wake, stop)),
+            (unit_loop, (supervisor, daemon.isolation, wake, stop)),
             (watchdog_loop, (supervisor, stop, 0.05, 2.0)),
         ]
         threads = [threading.Thread(target=t, args=a, daemon=True) for t, a in loops]
@@ -629,6 +630,8 @@ def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
                 scratch_mkdir(tree, f"numad.slice/{name}")
                 spec = {"name": name, "cgroup": f"numad.slice/{name}", "cpus": 4}
                 assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+            unit = {"name": "svc", "unit": "svc.service", "cpus": 2}  # placed through systemd
+            assert daemon.admit(daemon.parse(json.dumps(unit), "json")).admitted
             sock.settimeout(30)  # bounds for a hung daemon, not speed goals
             deadline = threading.Event()
             timer = threading.Timer(60, deadline.set)
@@ -646,6 +649,7 @@ def test_a_stuck_systemd_starves_neither_the_watchdog_nor_admissions(
                 assert CPUSet.parse_list(granted) == held
                 assert not CPUSet.parse_list((tree / "system.slice/cpuset.cpus").read_text()) & held
             assert any("systemd lacks its cpuset yet" in p for p in daemon.problems)
+            assert any("systemd lacks svc.service's placement yet" in p for p in daemon.problems)
         finally:
             stop.set()
             wake.set()

@@ -265,7 +265,7 @@ def _tell_systemd(daemon: Daemon) -> None:
     """One round of the unit loop (``numad.daemon.loops.unit_loop``), which tells
     systemd off the daemon's lock what numad wrote into its units' cgroups."""
     assert daemon.isolation.record is not None
-    daemon.isolation.record.send()
+    daemon.isolation.send()
 
 
 def test_units_systemd_owns_are_isolated_through_systemd(

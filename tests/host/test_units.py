@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,11 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import SpecError
 from numad.host import workload_units
+from numad.host.scratch import scratch_mkdir
 from numad.workload.spec import parse_spec
 from numad.workload.units import check_unit, slice_cgroup, workload_name
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
-from tests.host.test_isolation import FakeSystemd
+from tests.host.test_isolation import FakeSystemd, SlowSystemd
 
 ROOTS = {"paths": {"managed-roots": ["numad.slice", "db.slice"]}}
 UNITS = {
@@ -136,6 +139,9 @@ def test_a_cgroup_left_behind_by_a_stop_is_not_the_units(
     (_tree(daemon) / "db.slice/pg.service/cpuset.cpus").write_text("")  # the kernel's own
     daemon.enforcer.written.clear()  # every cgroup written again, as after a restart
     daemon.reconcile()
+    daemon.isolation.send()  # the unit loop's round: a preset, no wait on the directory
+    daemon.reconcile()  # the directory is known as not the unit's: nothing asked again
+    assert not daemon.isolation.owed()
     assert not daemon.problems, daemon.problems
     assert fake.allowed("pg.service") == placed
     fake.start("pg.service")
@@ -169,8 +175,86 @@ def test_a_released_unit_leaves_the_exclusive_cpus_and_its_settings_go(
     assert fake.allowed("pg.service")[0] == pool  # still running: the shared pool
     assert _held(daemon, "db.slice/pg.service")[0] == pool
     shutil.rmtree(_tree(daemon) / "db.slice/pg.service")  # stopped for good
-    daemon.reconcile()  # the pass its removal wakes: reset there, not a pass later
+    told = len(fake.calls)
+    daemon.reconcile()  # the pass its removal wakes: the reset asked for there
+    assert len(fake.calls) == told  # not under the daemon's lock: by the unit loop
+    assert daemon.isolation.owed()
+    daemon.isolation.send()
     assert fake.allowed("pg.service") == (CPUSet(), NodeSet())  # a restart is unpinned
+    assert not daemon.isolation.owed()
+
+
+def _until(done: Callable[[], bool], what: str) -> None:
+    """Wait for another thread; 60 s bounds a hung test, it is no speed goal."""
+    for _ in range(600):
+        if done():
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError(f"never: {what}")
+
+
+def _in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    return thread, answers
+
+
+def test_systemd_places_a_unit_after_the_lock_and_a_grant_waits_for_its_shrink(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Before: a unit's placement was set over D-Bus, and waited on until systemd wrote
+    it, under the daemon's lock: a slow systemd held up every request and pass. Now
+    the enforcer only asks, and the request tells systemd after the lock. Here systemd
+    holds each call at a gate (SlowSystemd): meanwhile the lock is free, another
+    admission is answered, and CPUs the unit gives up at its release are granted to
+    no one until systemd has written its new value."""
+    daemon = recorded_daemon(machines, tmp_path, ROOTS)
+    slow = SlowSystemd(_tree(daemon), dict(UNITS))
+    daemon.isolation.systemd = slow
+    slow.start("pg.service")
+    for name in ("web", "n0", "n1"):
+        scratch_mkdir(_tree(daemon), f"numad.slice/{name}")
+    admission, answers = _in_thread(
+        lambda: daemon.admit(daemon.parse('{"unit": "pg.service", "cpus": 4}', "json"))
+    )
+    _until(slow.entered.is_set, "numad asked systemd")
+    assert daemon.held.lock.acquire(timeout=30), "the lock is held while systemd works"
+    daemon.held.lock.release()
+    _admit(daemon, name="web", cgroup="numad.slice/web", cpus=2)  # answered meanwhile
+    assert admission.is_alive()  # pg's answer waits for systemd, not the lock
+    slow.gate.set()
+    admission.join(60)
+    placed = _placement(daemon, "pg.service")
+    assert [getattr(a, "admitted", None) for a in answers] == [True]
+    assert slow.allowed("pg.service") == _held(daemon, "db.slice/pg.service") == placed
+    assert not daemon.problems, daemon.problems
+
+    daemon.release("web")
+    slow.entered.clear()
+    slow.gate.clear()  # the release's shrink to the shared pool is held at the gate
+    release, _ = _in_thread(lambda: daemon.release("pg.service"))
+    _until(slow.entered.is_set, "numad asked systemd for the shrink")
+    takers = [  # every CPU pg.service had is asked for again
+        _in_thread(lambda n=n, c=c: _admit(daemon, name=n, cgroup=f"numad.slice/{n}", cpus=c))
+        for n, c in (("n0", 14), ("n1", 16))
+    ]
+    _until(lambda: {"n0", "n1"} <= daemon.specs.keys(), "both admissions committed")
+    for name in ("n0", "n1"):
+        granted = _held(daemon, f"numad.slice/{name}")[0]
+        assert not granted & _held(daemon, "db.slice/pg.service")[0], name
+    assert any(
+        "not granted yet: db.slice/pg.service may still run there" in p for p in daemon.problems
+    )
+    slow.gate.set()
+    for thread in [release] + [t for t, _ in takers]:
+        thread.join(60)
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert _held(daemon, "db.slice/pg.service")[0] == slow.allowed("pg.service")[0] == pool
+    for name in ("n0", "n1"):
+        assert _held(daemon, f"numad.slice/{name}")[0] == _placement(daemon, name)[0]
+    assert not pool & placed[0]
+    assert not daemon.problems, daemon.problems
 
 
 def test_a_unit_survives_a_numad_restart(machines: Machines, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from numad.errors import CgroupError
 from numad.host.cgroup.hierarchy import is_scratch
@@ -23,7 +23,7 @@ from numad.host.cgroup.v2 import CgroupV2Backend
 
 # What the rest of numad needs (numad.daemon.root names CgroupPath from here); code that
 # builds a backend of one kind (numad.host.scratch, tests) imports it from v2 or v1.
-__all__ = ["CgroupBackend", "CgroupPath", "detect_backend"]
+__all__ = ["CgroupBackend", "CgroupPath", "detect_backend", "host_parts"]
 
 CgroupBackend: TypeAlias = CgroupV2Backend | CgroupV1Backend
 
@@ -58,3 +58,17 @@ def detect_backend(
         " no v1 cpuset hierarchy at cpuset/)",
         "use a kernel with CONFIG_CPUSETS and mount cgroup2 (or the v1 cpuset hierarchy) here",
     )
+
+
+def host_parts(cgroups: object) -> dict[str, Any]:
+    """What ``Isolation`` needs to reach the top-level cgroups of ``cgroups``'s
+    hierarchy: its root and a backend of the same kind fenced to them. Nothing for a
+    backend without a hierarchy (a test double): only the managed roots are isolated."""
+    if not isinstance(cgroups, CgroupV2Backend | CgroupV1Backend):
+        return {}
+    kind, root, emulate = type(cgroups), cgroups.root, cgroups.emulate_kernel
+
+    def fenced(tops: list[str]) -> CgroupBackend:
+        return kind(root, tops, emulate_kernel=emulate)
+
+    return {"root": root, "host_backend": fenced, "v1": kind is CgroupV1Backend}

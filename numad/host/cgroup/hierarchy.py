@@ -121,6 +121,13 @@ class Hierarchy:
     def exists(self, path: CgroupPath | str) -> bool:
         return self._locate(path)[2].is_dir()
 
+    def identity(self, path: CgroupPath | str) -> int | None:
+        """The cgroup directory's inode (one made again gets another); None: absent."""
+        try:
+            return self._locate(path)[2].stat().st_ino
+        except FileNotFoundError:
+            return None
+
     def descendants(self, path: CgroupPath | str) -> list[str]:
         """Every cgroup below ``path`` (not ``path`` itself), from the hierarchy root,
         parents first. Links are not followed: cgroupfs has none."""

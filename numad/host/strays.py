@@ -1,0 +1,55 @@
+"""The strays: cgroups inside the managed roots that are no workload's.
+
+Host side, used by ``numad.host.enforce`` when a pass finds the cgroups numad
+isolates one by one. Not a container's cgroup, nor above one (a pod's), nor below
+one (the container's own business: it only sees the container's CPUs). Cgroups
+``MAX_DEPTH`` levels deep or more are left out, with a problem naming them. Cost:
+one prefix test per listed cgroup and workload cgroup; the listing is the pass's
+scan, made before the daemon's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+
+from numad.errors import NumadError
+from numad.host.cgroup.path import MAX_DEPTH
+from numad.host.targets import Cgroups, Listing, related_to
+from numad.observe import Problems
+from numad.workload.shape import WorkloadSpec
+
+
+def unmanaged(  # noqa: PLR0917 - the pass's parts
+    cgroups: Cgroups,
+    roots: Iterable[str],
+    specs: Collection[WorkloadSpec],
+    listing: Listing | None,
+    problems: Problems,
+    failed: Callable[[str, NumadError], None],
+) -> set[str]:
+    """The strays below ``roots``, from ``listing`` where given (the pass's scan), else
+    listed now; a root that cannot be listed is ``failed``."""
+    mine = {s.container_cgroup(c) for s in specs for c in s.containers}
+    found: set[str] = set()
+    for root in roots:
+        try:
+            listed = listing.get(root) if listing is not None else None
+            if isinstance(listed, NumadError):
+                raise listed
+            below = listed if listed is not None else cgroups.descendants(root)
+        except NumadError as err:
+            failed(root, err)
+            continue
+        deep = [p for p in below if p.count("/") >= MAX_DEPTH]
+        if deep:
+            problems.set(
+                f"depth:{root}",
+                f"{deep[0]}: {len(deep)} cgroups in {root} lie {MAX_DEPTH} levels or more"
+                " deep; numad does not isolate them one by one (their ancestors bound them"
+                " on cgroup v2)",
+            )
+            below = [p for p in below if p.count("/") < MAX_DEPTH]
+        else:
+            problems.clear(f"depth:{root}")
+        found.update(path for path in below if not related_to(path, mine))
+    return found
