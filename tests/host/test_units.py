@@ -12,6 +12,7 @@ import json
 import shutil
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,7 @@ def test_systemd_places_a_unit_after_the_lock_and_a_grant_waits_for_its_shrink(
     release, _ = _in_thread(lambda: daemon.release("pg.service"))
     _until(slow.entered.is_set, "numad asked systemd for the shrink")
     takers = [  # every CPU pg.service had is asked for again
-        _in_thread(lambda n=n, c=c: _admit(daemon, name=n, cgroup=f"numad.slice/{n}", cpus=c))
+        _in_thread(partial(_admit, daemon, name=n, cgroup=f"numad.slice/{n}", cpus=c))
         for n, c in (("n0", 14), ("n1", 16))
     ]
     _until(lambda: {"n0", "n1"} <= daemon.specs.keys(), "both admissions committed")
