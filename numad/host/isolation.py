@@ -180,7 +180,7 @@ class Isolation:
         for path in sorted(set(self.originals) - paths):
             gone = path in owned or not self._exists(path)  # not numad's to give back
             above = any(o.startswith(path + "/") for o in owned)
-            if gone or (above and self._give_back(path) is None):
+            if gone or (above and self._give_back(path, now=True) is None):
                 dropped.append(path)
         for path in dropped:
             del self.originals[path]
@@ -320,16 +320,20 @@ class Isolation:
         own = self._backend(path).read(path)[0]
         return {"via": "cgroupfs", "cpus": own.format_list()}
 
-    def _give_back(self, path: str) -> str | None:
-        """Write the cgroup's own setting back; the problem if that failed."""
+    def _give_back(self, path: str, *, now: bool = False) -> str | None:
+        """Write the cgroup's own setting back; the problem if that failed. A unit's own
+        AllowedCPUs= is given back by the sender, off the lock, but at stop and ``now``
+        (above a workload's cgroup: systemd must not narrow it again)."""
         own = self.originals[path]
         cpus = CPUSet.parse_list(own.get("cpus", ""))
         # v2 refuses an empty cpuset.cpus in a cgroup with tasks (ENOSPC), and so
         # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
         every = cpus or self.online
         try:
-            if self.record is not None:
+            if self.record is not None and (now or self.stopping.is_set()):
                 self.record.give_back(path, self.online)
+            elif self.record is not None:
+                self.record.give_back_later([path], self.online)
             if own.get("via") == "systemd" and self.systemd is not None:  # numad before 2026-12
                 self.systemd.set_allowed(own["unit"], every, None, runtime=True)
                 if not cpus:  # the property unset, as before (the file keeps every CPU)
@@ -376,7 +380,10 @@ class Isolation:
                 problems.append(problem)
                 failed[path] = self.originals[path]
         if self.record is not None and not keep:  # units told, though no longer isolated
-            problems += self.record.give_all_back(self.online)
+            if self.stopping.is_set():
+                problems += self.record.give_all_back(self.online)
+            else:
+                self.record.give_back_later(list(self.record.told), self.online)
         if failed != self.originals:
             self.originals = failed
             try:

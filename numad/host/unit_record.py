@@ -30,7 +30,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -110,6 +110,7 @@ class UnitRecord:
         self.units: dict[str, str | None] = {}  # path -> its unit, or None: not systemd's
         self.problems = problems or Problems()  # "unit:PATH": why systemd lacks its value
         self.returning: set[str] = set()  # told, and isolated no more: give back
+        self.online = CPUSet()  # every CPU: first, for a unit given back that had none
         self.pending = pending or threading.Event()  # set by want(): the sender has work
         self.told, problem = _load(state_dir)  # path -> {"unit", "cpus"}: the unit's own
         if problem:
@@ -149,6 +150,16 @@ class UnitRecord:
             if key.startswith("unit:") and key[len("unit:") :] not in paths:
                 self.problems.clear(key)
 
+    def give_back_later(self, paths: Iterable[str], online: CPUSet) -> None:
+        """Each unit its own AllowedCPUs= again, from the sender (off the daemon's lock)."""
+        with self.lock:
+            self.online = online
+            for path in paths:
+                if path in self.told:
+                    self.returning.add(path)
+                    self.wanted.pop(path, None)
+        self.pending.set()
+
     def may_run_on(self, path: str) -> CPUSet:
         """What systemd was sent for ``path`` and may not have written yet."""
         with self.lock:
@@ -175,7 +186,7 @@ class UnitRecord:
             returning = sorted(self.returning)
         for path in returning:
             try:
-                self.give_back(path, CPUSet())
+                self.give_back(path, self.online)
             except NumadError as err:
                 self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
                 with contextlib.suppress(NumadError):

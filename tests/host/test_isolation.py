@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from numad.cpuset import CPUSet, NodeSet
@@ -308,6 +309,31 @@ def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numa
     again.stop()
     assert fake.allowed_cpus["system.slice"] == own
     assert json.loads((again.state_dir / "units.json").read_text())["units"] == {}
+
+
+def test_a_unit_gets_its_own_setting_back_off_the_lock_when_isolation_ends(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Isolation turned off (or partitions taking over from one by one): each cgroup
+    gets its own cpuset file back at once, under the lock, and each unit its own
+    AllowedCPUs= from the unit loop, after it (a stop still gives back at once)."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
+    own = CPUSet.parse_list("0-23")
+    fake.allowed_cpus["system.slice"] = own  # set by the admin
+    daemon.isolation.systemd = fake
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["system.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    asked = len(fake.calls)
+    daemon.commits.config = replace(daemon.commits.config, isolate=False)
+    daemon.reconcile()
+    assert len(fake.calls) == asked, "systemd was asked under the daemon's lock"
+    assert daemon.isolation.owed()
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["system.slice"] == own == _cpus(daemon, "system.slice")
+    assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
+    assert not daemon.isolation.owed()
 
 
 def test_a_unit_told_a_value_that_becomes_a_workload_keeps_it(
