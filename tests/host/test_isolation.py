@@ -293,9 +293,8 @@ def test_units_systemd_owns_are_isolated_through_systemd(
     assert _cpus(daemon, "init.scope") == CPUSet()
 
 
-def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numad(
-    machines: Machines, tmp_path: Path
-) -> None:
+def _system_slice_told(machines: Machines, tmp_path: Path) -> tuple[Daemon, FakeSystemd, CPUSet]:
+    """system.slice, with AllowedCPUs=0-23 of its own, told the shared pool by numad."""
     daemon = _host_tree(machines, tmp_path)
     fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
     own = CPUSet.parse_list("0-23")
@@ -304,6 +303,13 @@ def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numa
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     _tell_systemd(daemon)
     assert fake.allowed_cpus["system.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    return daemon, fake, own
+
+
+def test_a_unit_told_before_a_crash_gets_its_own_setting_back_from_the_next_numad(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon, fake, own = _system_slice_told(machines, tmp_path)
     again = restarted_daemon(daemon)  # numad was SIGKILLed: no stop ran
     again.isolation.systemd = fake
     again.stop()
@@ -317,14 +323,7 @@ def test_a_unit_gets_its_own_setting_back_off_the_lock_when_isolation_ends(
     """Isolation turned off (or partitions taking over from one by one): each cgroup
     gets its own cpuset file back at once, under the lock, and each unit its own
     AllowedCPUs= from the unit loop, after it (a stop still gives back at once)."""
-    daemon = _host_tree(machines, tmp_path)
-    fake = FakeSystemd(_tree(daemon), {"system.slice": "/system.slice"})
-    own = CPUSet.parse_list("0-23")
-    fake.allowed_cpus["system.slice"] = own  # set by the admin
-    daemon.isolation.systemd = fake
-    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
-    _tell_systemd(daemon)
-    assert fake.allowed_cpus["system.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon, fake, own = _system_slice_told(machines, tmp_path)
     asked = len(fake.calls)
     daemon.commits.config = replace(daemon.commits.config, isolate=False)
     daemon.reconcile()
