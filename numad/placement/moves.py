@@ -31,8 +31,11 @@ resident memory on the nodes their new ``cpuset.mems`` leaves out), moves across
 (a move inside its nodes first), CPUs changed, workloads moved. Work is bounded by the
 trials: at most ``len(candidates) + PAIR_TRIALS`` trials of up to six admissions each,
 and the pruning's counts (``benchmarks/churn.py`` and ``benchmarks/moves.py`` time
-them). Candidates hold no devices (a bound device cannot follow a running process)
-and no hugepages (numad does not migrate them).
+them). A moved workload keeps its devices (a bound device cannot follow a running
+process): only its CPUs and memory are given back for the trial, so it is placed again
+by the devices it holds, the kubelet's way for a restarted container, and under a
+policy that aligns it stays on their nodes. Candidates hold no hugepages (numad does
+not migrate them).
 """
 
 from __future__ import annotations
@@ -97,14 +100,12 @@ def cost(moves: Sequence[Move]) -> tuple[int, int, int, int]:
 
 
 def candidates(books: Books, movers: Mapping[str, Mover]) -> list[str]:
-    """The movers that can move: they hold exclusive CPUs or memory, no device and no
-    hugepages; cheapest first (resident bytes, then CPUs held, then name)."""
+    """The movers that can move: they hold exclusive CPUs or memory, and no hugepages;
+    cheapest first (resident bytes, then CPUs held, then name)."""
     index = _index(books)
     out = []
     for name in movers:
         keys = index.get(name, set())
-        if any(books.devices.held.get(k) for k in keys):
-            continue
         blocks = [b for k in keys for b in books.memory.blocks.get(k, ())]
         if any(b.resource != MEMORY for b in blocks):
             continue
@@ -238,7 +239,7 @@ def replace_grown(
     request (``grown``): where it fits once it leaves its place, else after moving one
     or two of ``movers`` (``make_room``). Its own move leads the plan's moves."""
     request = grown.request
-    without = release(books, name)
+    without = _vacate(books, name)
     after, outcome = admit(engine, without, request)
     moved: Mapping[str, Outcome] = {}
     if not outcome.admitted:
@@ -290,7 +291,7 @@ def _newcomer_first(
 ) -> Tried | None:
     """The newcomer into the room the moved leave, then they, each where it fits."""
     for name in order:
-        books = release(books, name)
+        books = _vacate(books, name)
     books, outcome = admit(engine, books, request)
     again = _again(engine, books, order, movers) if outcome.admitted else None
     return None if again is None else (again[0], outcome, again[1])
@@ -307,13 +308,18 @@ def _moved_first(
     elsewhere), then those CPUs freed and the newcomer admitted."""
     for name in order:
         old = _held(books, name)[0]
-        books = release(books, name)
+        books = _vacate(books, name)
         books = replace(books, cpu=books.cpu.reassigned((HOLD, name), old))
     again = _again(engine, books, order, movers)
     if again is None:
         return None
     books, outcome = admit(engine, release(again[0], HOLD), request)
     return (books, outcome, again[1]) if outcome.admitted else None
+
+
+def _vacate(books: Books, name: str) -> Books:
+    """The workload's CPUs and memory given back; its devices stay held by it."""
+    return replace(release(books, name), devices=books.devices)
 
 
 def _again(

@@ -7,13 +7,16 @@ the plan's books, the words, and a grown workload re-placed whole."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import combinations
+from types import MappingProxyType
 
 import pytest
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.placement.admission import Books, ContainerRequest, WorkloadRequest, admit, release
 from numad.placement.explain import Move
+from numad.placement.managers.device import Device, DeviceInventory, DeviceState
 from numad.placement.moves import (
     Mover,
     _cheapest_pairs,
@@ -145,11 +148,51 @@ def test_a_full_machine_is_not_searched() -> None:
     assert make_room(ENGINE, books, _request("new", 6), _movers(books, "abc", SIZES)) is None
 
 
-def test_holders_of_devices_or_hugepages_are_not_candidates() -> None:
+def test_holders_of_hugepages_are_not_candidates() -> None:
     books = _filled(("a", 2))
     hp = WorkloadRequest("h", (ContainerRequest("main", 2, {"hugepages-2Mi": 4 << 20}),))
     movers = {"a": Mover(_request("a", 2)), "h": Mover(hp), "gone": Mover(_request("gone", 1))}
     assert candidates(books, movers) == ["a"]  # h holds nothing here; gone neither
+
+
+def _with_devices(nodes: Sequence[int | None]) -> tuple[Books, dict[str, Mover]]:
+    """SIZES' workloads, b also holding one device of class acc; the class has a device
+    on each of ``nodes`` (None: one the machine places on no node)."""
+    devices = tuple(Device(f"0000:0{i}:00.0", n) for i, n in enumerate(nodes))
+    inventory = DeviceInventory((0, 1), MappingProxyType({"acc": devices}))
+    books = replace(books_on(small(), reserved=1 << 15), devices=DeviceState(inventory))
+    requests = {n: _request(n, c) for n, c in SIZES.items()}
+    requests["b"] = WorkloadRequest(
+        "b", (ContainerRequest("main", 2, {"memory": GIB}, {"acc": 1}),)
+    )
+    for request in requests.values():
+        books, outcome = admit(ENGINE, books, request)
+        assert outcome.admitted, request.name
+    return books, {n: Mover(r) for n, r in requests.items()}
+
+
+def test_a_device_holder_moves_and_keeps_its_device() -> None:
+    """Before, a workload holding a device was never moved. Now it moves keeping the
+    device it holds (a bound device cannot follow a running process): here one the
+    machine places on no node, so b may go to node 1 and make room on node 0."""
+    books, movers = _with_devices([None])
+    assert dict(books.devices.held[("b", "main")]) == {"acc": ("0000:00:00.0",)}
+    plan = make_room(ENGINE, books, _request("new", 4), movers)
+    assert plan is not None
+    assert [m.text() for m in plan.moves] == ["moved b from node 0 to node 1, 1Gi of memory"]
+    assert plan.books.devices.held == books.devices.held  # b keeps it; new takes none
+    assert _node(_cpus(plan.books, "b")) == 1
+
+
+def test_a_device_holder_is_not_moved_off_its_devices_node() -> None:
+    """b holds the device on node 0 under single-numa-node: it may not leave node 0,
+    though a fresh b would fit on node 1 with the device there (a release and a fresh
+    admission would have taken it): no move makes room."""
+    books, movers = _with_devices([0, 1])
+    assert dict(books.devices.held[("b", "main")]) == {"acc": ("0000:00:00.0",)}
+    fresh = release(books, "b")
+    assert admit(ENGINE, fresh, replace(movers["b"].request))[1].admitted
+    assert make_room(ENGINE, books, _request("new", 4), movers) is None
 
 
 def test_the_words() -> None:
