@@ -34,8 +34,9 @@ and the pruning's counts (``benchmarks/churn.py`` and ``benchmarks/moves.py`` ti
 them). A moved workload keeps its devices (a bound device cannot follow a running
 process): only its CPUs and memory are given back for the trial, so it is placed again
 by the devices it holds, the kubelet's way for a restarted container, and under a
-policy that aligns it stays on their nodes. Candidates hold no hugepages (numad does
-not migrate them).
+policy that aligns it stays on their nodes. A workload holding hugepages moves only
+where its hugepages stay as they are, node by node (numad does not migrate them): its
+CPUs may change, within its nodes or across them.
 """
 
 from __future__ import annotations
@@ -100,15 +101,13 @@ def cost(moves: Sequence[Move]) -> tuple[int, int, int, int]:
 
 
 def candidates(books: Books, movers: Mapping[str, Mover]) -> list[str]:
-    """The movers that can move: they hold exclusive CPUs or memory, and no hugepages;
-    cheapest first (resident bytes, then CPUs held, then name)."""
+    """The movers that can move: they hold exclusive CPUs or memory; cheapest first
+    (resident bytes, then CPUs held, then name)."""
     index = _index(books)
     out = []
     for name in movers:
         keys = index.get(name, set())
         blocks = [b for k in keys for b in books.memory.blocks.get(k, ())]
-        if any(b.resource != MEMORY for b in blocks):
-            continue
         if blocks or any(books.cpu.assignments.get(k) for k in keys):
             out.append(name)
 
@@ -290,10 +289,11 @@ def _newcomer_first(
     movers: Mapping[str, Mover],
 ) -> Tried | None:
     """The newcomer into the room the moved leave, then they, each where it fits."""
+    before = books
     for name in order:
         books = _vacate(books, name)
     books, outcome = admit(engine, books, request)
-    again = _again(engine, books, order, movers) if outcome.admitted else None
+    again = _again(engine, before, books, order, movers) if outcome.admitted else None
     return None if again is None else (again[0], outcome, again[1])
 
 
@@ -306,11 +306,12 @@ def _moved_first(
 ) -> Tried | None:
     """The moved placed anew while a placeholder holds their old CPUs (so they go
     elsewhere), then those CPUs freed and the newcomer admitted."""
+    before = books
     for name in order:
         old = _held(books, name)[0]
         books = _vacate(books, name)
         books = replace(books, cpu=books.cpu.reassigned((HOLD, name), old))
-    again = _again(engine, books, order, movers)
+    again = _again(engine, before, books, order, movers)
     if again is None:
         return None
     books, outcome = admit(engine, release(again[0], HOLD), request)
@@ -323,17 +324,33 @@ def _vacate(books: Books, name: str) -> Books:
 
 
 def _again(
-    engine: Engine, books: Books, order: Sequence[str], movers: Mapping[str, Mover]
+    engine: Engine,
+    before: Books,
+    books: Books,
+    order: Sequence[str],
+    movers: Mapping[str, Mover],
 ) -> tuple[Books, dict[str, Outcome]] | None:
     """``books`` with each of ``order`` admitted again by its own request, and their
-    outcomes; None when one does not fit."""
+    outcomes; None when one does not fit, or its hugepages would not stay as they
+    were in ``before``."""
     moved = {}
     for name in order:
         books, again = admit(engine, books, movers[name].request)
-        if not again.admitted:
+        if not again.admitted or _hugepages(books, name) != _hugepages(before, name):
             return None
         moved[name] = again
     return books, moved
+
+
+def _hugepages(books: Books, name: str) -> list[tuple[str, str, tuple[tuple[int, int], ...]]]:
+    """A workload's hugepage blocks, node by node (container, resource, split)."""
+    return sorted(
+        (key[1], b.resource, b.split)
+        for key, blocks in books.memory.blocks.items()
+        if key[0] == name
+        for b in blocks
+        if b.resource != MEMORY
+    )
 
 
 def describe(

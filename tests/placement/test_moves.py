@@ -17,6 +17,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.placement.admission import Books, ContainerRequest, WorkloadRequest, admit, release
 from numad.placement.explain import Move
 from numad.placement.managers.device import Device, DeviceInventory, DeviceState
+from numad.placement.managers.memory import Capacity, MemoryState, MemoryTable
 from numad.placement.moves import (
     Mover,
     _cheapest_pairs,
@@ -148,11 +149,50 @@ def test_a_full_machine_is_not_searched() -> None:
     assert make_room(ENGINE, books, _request("new", 6), _movers(books, "abc", SIZES)) is None
 
 
-def test_holders_of_hugepages_are_not_candidates() -> None:
-    books = _filled(("a", 2))
-    hp = WorkloadRequest("h", (ContainerRequest("main", 2, {"hugepages-2Mi": 4 << 20}),))
-    movers = {"a": Mover(_request("a", 2)), "h": Mover(hp), "gone": Mover(_request("gone", 1))}
-    assert candidates(books, movers) == ["a"]  # h holds nothing here; gone neither
+HUGE = "hugepages-2Mi"
+
+
+def _with_hugepages(nodes: Sequence[int], policy: Policy | None) -> tuple[Books, dict[str, Mover]]:
+    """SIZES' workloads, b (under ``policy``) also holding 4 MiB of 2 MiB hugepages, which
+    ``nodes`` offer (64 MiB each)."""
+    books = books_on(small(), reserved=1 << 15)
+    capacity = dict(books.memory.table.capacity)
+    capacity |= {(n, HUGE): Capacity(64 << 20, 0, 64 << 20) for n in nodes}
+    table = MemoryTable(books.memory.table.nodes, MappingProxyType(capacity))
+    books = replace(books, memory=MemoryState(table))
+    requests = {n: _request(n, c) for n, c in SIZES.items()}
+    asked = {"memory": GIB, HUGE: 4 << 20}
+    requests["b"] = WorkloadRequest("b", (ContainerRequest("main", 2, asked),), policy)
+    for request in requests.values():
+        books, outcome = admit(ENGINE, books, request)
+        assert outcome.admitted, request.name
+    assert _node(_cpus(books, "b")) == 0
+    return books, {n: Mover(r) for n, r in requests.items()}
+
+
+def _huge_split(books: Books) -> list[tuple[tuple[int, int], ...]]:
+    return [b.split for b in books.memory.blocks[("b", "main")] if b.resource == HUGE]
+
+
+def test_a_hugepage_holder_moves_only_where_its_hugepages_stay() -> None:
+    """Before, a workload holding hugepages was never moved. Now it may move where its
+    hugepages stay as they are (numad does not migrate them): here b, under its own
+    best-effort policy, moves its CPUs to node 1 while its hugepages stay on node 0, the
+    only node that has them."""
+    books, movers = _with_hugepages([0], Policy.BEST_EFFORT)
+    plan = make_room(ENGINE, books, _request("new", 4), movers)
+    assert plan is not None
+    assert [m.workload for m in plan.moves] == ["b"]
+    assert _node(_cpus(plan.books, "b")) == 1
+    assert _huge_split(plan.books) == _huge_split(books) == [((0, 4 << 20),)]
+
+
+def test_a_hugepage_holder_is_not_moved_where_its_hugepages_would_follow() -> None:
+    """Under single-numa-node, b on node 1 would take its hugepages there (node 1 has
+    them too, and room for b): no move. A trial that let them follow would move b."""
+    books, movers = _with_hugepages([0, 1], None)
+    assert _huge_split(books) == [((0, 4 << 20),)]
+    assert make_room(ENGINE, books, _request("new", 4), movers) is None
 
 
 def _with_devices(nodes: Sequence[int | None]) -> tuple[Books, dict[str, Mover]]:
