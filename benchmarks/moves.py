@@ -17,8 +17,8 @@ same packing.
 Cost model: one trial per candidate (a release and up to three admissions; each
 admission costs O(nodes) merges plus the CPU manager's takeByTopology, each release
 O(workloads)), then at most 64 pair trials. Target: a full search <= 1 s on both
-(a rejection's search runs under numad's lock; an admission that needs none never
-runs it). Exit status 0 when met, 2 otherwise.
+(a rejection's search runs after numad's lock, but its answer waits for it; an
+admission that needs none never runs it). Exit status 0 when met, 2 otherwise.
 """
 
 from __future__ import annotations

@@ -335,22 +335,25 @@ def _again(
     were in ``before``."""
     moved = {}
     for name in order:
-        books, again = admit(engine, books, movers[name].request)
-        if not again.admitted or _hugepages(books, name) != _hugepages(before, name):
+        request = movers[name].request
+        books, again = admit(engine, books, request)
+        if not again.admitted or _hugepages(books, request) != _hugepages(before, request):
             return None
         moved[name] = again
     return books, moved
 
 
-def _hugepages(books: Books, name: str) -> list[tuple[str, str, tuple[tuple[int, int], ...]]]:
+def _hugepages(books: Books, request: WorkloadRequest) -> list[tuple[str, str, Split]]:
     """A workload's hugepage blocks, node by node (container, resource, split)."""
     return sorted(
-        (key[1], b.resource, b.split)
-        for key, blocks in books.memory.blocks.items()
-        if key[0] == name
-        for b in blocks
+        (c.name, b.resource, b.split)
+        for c in request.containers
+        for b in books.memory.blocks.get((request.name, c.name), ())
         if b.resource != MEMORY
     )
+
+
+Split = tuple[tuple[int, int], ...]  # (node, bytes), as a memory block holds them
 
 
 def describe(
