@@ -166,6 +166,9 @@ class WorkloadUnits:
                 try:
                     written |= self._send(path, want)
                 except NumadError as err:
+                    if want.reset and self._unknown(want.unit):
+                        self._drop(path, want)  # no unit left to reset
+                        continue
                     problem = f"{path}: systemd lacks {want.unit}'s placement yet: {err}; retried"
                     self.problems.set(f"systemd:{path}", problem)
                     self.log.warning("unit_placement_failed", unit=want.unit, problem=str(err))
@@ -201,6 +204,22 @@ class WorkloadUnits:
             with self.lock:
                 self.stale[path] = found
         return True
+
+    def _unknown(self, unit: str) -> bool:
+        """Whether systemd knows no such unit now (its file removed): nothing to reset."""
+        try:
+            return self.systemd is not None and self.systemd.unit(unit) is None
+        except NumadError:
+            return False
+
+    def _drop(self, path: str, want: Want) -> None:
+        with self.lock:
+            if self.wanted.get(path) == want:
+                del self.wanted[path]
+            self.told.pop(path, None)
+            self.sending.pop(path, None)
+        self.problems.clear(f"systemd:{path}")
+        self.log.info("unit_reset_skipped", unit=want.unit, why="systemd has no such unit")
 
     def _runs_in(self, unit: str, path: str) -> bool:
         """Whether the unit runs in cgroup ``path``, as systemd says. Not whether the

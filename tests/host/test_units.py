@@ -22,6 +22,7 @@ from numad.daemon.root import Daemon
 from numad.errors import SpecError
 from numad.host import workload_units
 from numad.host.scratch import scratch_mkdir
+from numad.host.systemd_bus import SystemdError
 from numad.workload.spec import parse_spec
 from numad.workload.units import check_unit, slice_cgroup, workload_name
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
@@ -255,6 +256,29 @@ def test_systemd_places_a_unit_after_the_lock_and_a_grant_waits_for_its_shrink(
     for name in ("n0", "n1"):
         assert _held(daemon, f"numad.slice/{name}")[0] == _placement(daemon, name)[0]
     assert not pool & placed[0]
+    assert not daemon.problems, daemon.problems
+
+
+def test_a_released_unit_whose_file_is_gone_is_not_reset_forever(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit's file removed after its release: systemd refuses the reset of a unit it
+    does not know; numad drops it (nothing is left to reset) instead of a health problem
+    and a D-Bus call every second for good."""
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    _admit(daemon, unit="pg.service", cpus=4)
+    daemon.release("pg.service")
+    shutil.rmtree(_tree(daemon) / "db.slice/pg.service")
+    del fake.units["pg.service"]  # stopped, and its file removed: systemd forgot it
+
+    def refuse(name: str, *_: object, **__: object) -> None:
+        raise SystemdError(name, "Unit pg.service not found (injected)")
+
+    monkeypatch.setattr(fake, "set_allowed", refuse)
+    daemon.reconcile()
+    assert daemon.isolation.owed()
+    daemon.isolation.send()
+    assert not daemon.isolation.owed()
     assert not daemon.problems, daemon.problems
 
 
