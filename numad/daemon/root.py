@@ -110,6 +110,7 @@ class Daemon:
             pull=config.memory_pull,
             emulated=bool(getattr(cgroups, "emulate_kernel", False)),
             on_failed=lambda path: self.enforcer.written.pop(path, None),
+            send=self.isolation.workloads.send,
         )
         self.enforcer.moves = self.migrations
         self.enforcer.cancelled = held.stopping.is_set

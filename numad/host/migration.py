@@ -32,7 +32,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
 from numad.host.memory_move import AnonReader, Mover, MoveResult, Outcome, narrow_job, pull_job
 from numad.host.pages import locality, off_bytes, read_anon_by_node
-from numad.host.targets import Cgroups, Log
+from numad.host.targets import Cgroups, Deferred, Log
 from numad.observe import MemoryMoveCounters, Problems
 
 LOW_PASSES = 3  # passes in a row below the threshold before a workload is listed
@@ -52,6 +52,7 @@ class Migrations:
         pull: bool,
         emulated: bool,
         on_failed: Callable[[str], object] = lambda path: None,
+        send: Callable[[], object] = lambda: None,
         read_anon: AnonReader = read_anon_by_node,
         make_pull: Callable[..., Any] = pull_job,
         make_narrow: Callable[..., Any] = narrow_job,
@@ -69,6 +70,7 @@ class Migrations:
         self.make_pull = make_pull
         self.make_narrow = make_narrow
         self.on_failed = on_failed  # a mems write failed: the enforcer writes it again
+        self.send = send  # tells systemd a unit's Deferred write (a round of the unit loop)
         self.pending: dict[str, NodeSet] = {}  # cgroup -> mems the mover has yet to write
         self.pending_wide: dict[str, NodeSet] = {}  # cgroup -> what it holds meanwhile
         self.low: dict[str, int] = {}  # workload -> passes in a row below the threshold
@@ -107,7 +109,11 @@ class Migrations:
         self.pending_wide[path] = wide
 
         def write() -> None:
-            self.cgroups.write(path, None, mems)
+            try:
+                self.cgroups.write(path, None, mems)
+            except Deferred:  # a unit's: systemd writes it, now (the mover holds no lock)
+                self.send()
+                self.cgroups.write(path, None, mems)  # done, or Deferred again with why
 
         def pids() -> list[int]:
             return self._pids(path)

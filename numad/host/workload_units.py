@@ -114,14 +114,14 @@ class WorkloadUnits:
         sender last found (a cgroup made again has another inode)."""
         found = self.identity(path)
         with self.lock:
-            return found is not None and (path not in self.stale or self.stale[path] != found)
+            return found is not None and self.stale.get(path) != found
 
     def write(self, path: str, unit: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         """Done when systemd was told this value and the cgroup holds it; else asked of
         the sender, and ``Deferred`` (the enforcer writes what waits on it after)."""
         want = Want(unit, cpus, mems)
         with self.lock:
-            told = path not in self.wanted and self.told.get(path) == (cpus, mems)
+            told = self._told(path, want)
         if told and self._holds(path, want):
             return
         with self.lock:
@@ -139,10 +139,16 @@ class WorkloadUnits:
                 continue
             want = Want(unit, CPUSet.from_bits(t.cpus), t.mems)
             with self.lock:
-                told = t.path not in self.wanted and self.told.get(t.path) == want[1:]
-                if not told and self.wanted.get(t.path) != want:
+                if not self._told(t.path, want) and self.wanted.get(t.path) != want:
                     self.wanted[t.path] = want
                     self.pending.set()
+
+    def _told(self, path: str, want: Want) -> bool:
+        """Whether systemd holds ``want`` and nothing else is asked of it (under the lock)."""
+        cpus, mems = self.told.get(path, (None, None))
+        if path in self.wanted or (cpus is None and mems is None):
+            return False
+        return want.cpus in (None, cpus) and want.mems in (None, mems)
 
     def may_run_on(self, path: str) -> CPUSet:
         """The CPUs systemd was sent for ``path`` and may not have written yet."""
@@ -198,7 +204,11 @@ class WorkloadUnits:
             if want.reset:
                 self.told.pop(path, None)
                 return False
-            self.told[path] = (want.cpus, want.mems)
+            cpus, mems = self.told.get(path, (None, None))  # a mems-only write keeps cpus
+            self.told[path] = (
+                want.cpus if want.cpus is not None else cpus,
+                want.mems if want.mems is not None else mems,
+            )
         if not running:
             found = self.identity(path)
             with self.lock:

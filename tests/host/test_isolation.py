@@ -239,13 +239,14 @@ class FakeSystemd:
         self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
     ) -> None:
         assert runtime
-        assert cpus is not None
-        self.calls.append((name, cpus.format_list()))
-        self.allowed_cpus[name] = cpus
+        assert cpus is not None or mems is not None  # as the bus: None leaves one alone
+        self.calls.append((name, cpus.format_list() if cpus is not None else "-"))
+        if cpus is not None:
+            self.allowed_cpus[name] = cpus
         if mems is not None:
             self.allowed_mems[name] = mems
         if not self.broken and self.running(name):
-            self.apply(name, cpus, mems)
+            self.apply(name, self.allowed_cpus[name], mems)
 
     def start(self, name: str) -> None:
         """A unit's start: its cgroup made, and what is set applied to it at once."""

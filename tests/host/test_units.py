@@ -282,6 +282,30 @@ def test_a_released_unit_whose_file_is_gone_is_not_reset_forever(
     assert not daemon.problems, daemon.problems
 
 
+def test_the_movers_mems_write_to_a_unit_is_made_through_systemd_at_once(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory mover narrows a unit's mems on its own thread, off the daemon's lock:
+    the write, Deferred to systemd under the lock, is sent there and then, not failed
+    (a failed move would be a health problem and a write again). systemd then holds the
+    unit's CPUs as before, so the enforcer's next write asks nothing more."""
+    daemon, fake = _daemon(machines, tmp_path, "pg.service")
+    _admit(daemon, unit="pg.service", cpus=4)
+    path = "db.slice/pg.service"
+    cpus, mems = _placement(daemon, "pg.service")
+    writes: list[Callable[[], None]] = []
+    daemon.migrations.make_narrow = lambda write, *_, **__: writes.append(write)
+    monkeypatch.setattr(daemon.migrations.mover, "submit", lambda *_: None)  # run here
+    daemon.migrations.narrow(path, NodeSet([1]), mems | NodeSet([1]))
+    (write,) = writes
+    write()  # the mover's narrowing write
+    assert fake.allowed("pg.service") == (cpus, NodeSet([1])) == _held(daemon, path)
+    asked = len(fake.calls)
+    daemon.isolation.write(path, cpus, NodeSet([1]))  # the enforcer's: already held
+    assert len(fake.calls) == asked
+    assert not daemon.isolation.owed()
+
+
 def test_a_unit_survives_a_numad_restart(machines: Machines, tmp_path: Path) -> None:
     daemon, fake = _daemon(machines, tmp_path, "pg.service")
     name = _admit(daemon, unit="pg.service", cpus=4)
