@@ -274,7 +274,9 @@ class Reconciler:
                 self.commits.end_isolation()
             finally:  # whatever that met, the interrupts get theirs back too
                 self.commits.end_irqs()
-        # A released unit's settings reset, if still owed: sent within the stop's deadline
-        # (``Isolation.hurry``); otherwise its next start brings back its last placement.
-        self.commits.isolation.workloads.send()
+        # Sent after the lock, within the stop's deadline (``Isolation.hurry``): a released
+        # unit's reset, if still owed (else its next start brings back its last placement),
+        # and each isolated unit's own AllowedCPUs= (else units.json keeps it for the next
+        # numad). A failure is logged by the round.
+        self.commits.isolation.send()
         self.migrations.stop()  # outside the lock: the mover's report takes it

@@ -322,15 +322,16 @@ class Isolation:
 
     def _give_back(self, path: str, *, now: bool = False) -> str | None:
         """Write the cgroup's own setting back; the problem if that failed. A unit's own
-        AllowedCPUs= is given back by the sender, off the lock, but at stop and ``now``
-        (above a workload's cgroup: systemd must not narrow it again)."""
+        AllowedCPUs= is given back by the sender, off the lock (at stop too: the stop's
+        last round), but ``now`` (above a workload's cgroup: systemd must not narrow it
+        again)."""
         own = self.originals[path]
         cpus = CPUSet.parse_list(own.get("cpus", ""))
         # v2 refuses an empty cpuset.cpus in a cgroup with tasks (ENOSPC), and so
         # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
         every = cpus or self.online
         try:
-            if self.record is not None and (now or self.stopping.is_set()):
+            if self.record is not None and now:
                 self.record.give_back(path, self.online)
             elif self.record is not None:
                 self.record.give_back_later([path], self.online)
@@ -380,10 +381,7 @@ class Isolation:
                 problems.append(problem)
                 failed[path] = self.originals[path]
         if self.record is not None and not keep:  # units told, though no longer isolated
-            if self.stopping.is_set():
-                problems += self.record.give_all_back(self.online)
-            else:
-                self.record.give_back_later(list(self.record.told), self.online)
+            self.record.give_back_later(list(self.record.told), self.online)
         if failed != self.originals:
             self.originals = failed
             try:

@@ -284,17 +284,6 @@ class UnitRecord:
         with self.round:
             self._give_back(path, online)
 
-    def give_all_back(self, online: CPUSet) -> list[str]:
-        """Every unit told a value gets its own back; the problems."""
-        problems = []
-        with self.round:
-            for path in sorted(self.told):
-                try:
-                    self._give_back(path, online)
-                except NumadError as err:
-                    problems.append(f"{path}: cannot give its unit's AllowedCPUs= back: {err}")
-        return problems
-
     def _give_back(self, path: str, online: CPUSet) -> None:
         own = self.told.get(path)
         if own is None:

@@ -323,7 +323,7 @@ def test_a_unit_gets_its_own_setting_back_off_the_lock_when_isolation_ends(
 ) -> None:
     """Isolation turned off (or partitions taking over from one by one): each cgroup
     gets its own cpuset file back at once, under the lock, and each unit its own
-    AllowedCPUs= from the unit loop, after it (a stop still gives back at once)."""
+    AllowedCPUs= from the unit loop, after it."""
     daemon, fake, own = _system_slice_told(machines, tmp_path)
     asked = len(fake.calls)
     daemon.commits.config = replace(daemon.commits.config, isolate=False)
@@ -334,6 +334,27 @@ def test_a_unit_gets_its_own_setting_back_off_the_lock_when_isolation_ends(
     assert fake.allowed_cpus["system.slice"] == own == _cpus(daemon, "system.slice")
     assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
     assert not daemon.isolation.owed()
+
+
+def test_at_stop_each_unit_gets_its_own_setting_back_after_the_lock(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """numad stops: the cgroups it isolated get their own cpuset files back under the
+    lock, and the units their own AllowedCPUs= from the stop's last round, after it
+    (before: one D-Bus call per unit under the lock)."""
+    daemon, fake, own = _system_slice_told(machines, tmp_path)
+    locked: list[bool] = []
+    answer = fake.set_allowed
+
+    def watched(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        locked.append(daemon.held.lock._depth > 0)  # held by anyone (only this thread runs)
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = watched  # type: ignore[method-assign]
+    daemon.stop()
+    assert locked == [False], "systemd was asked under the daemon's lock"
+    assert fake.allowed_cpus["system.slice"] == own
+    assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
 
 
 def test_a_unit_told_a_value_that_becomes_a_workload_keeps_it(
