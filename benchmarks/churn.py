@@ -32,13 +32,15 @@ A rejection is full when the whole machine has fewer free CPUs or bytes than ask
 Figures per machine and policy: admissions of the plain and of the moving host; split
 rejections (share of arrivals on the plain host) and the share recovered; moves per
 recovered admission; bytes migrated. Each unrecovered split rejection is diagnosed,
-untimed: a plan an exhaustive pair search finds (past ``PAIR_TRIALS``); else the
-fewest moves that would do by the nodes' free CPU counts (``moves_needed``: exact
-bin packing of the newcomer and the moved workloads, each whole on one node): one or
-two (a plan the trials missed), three, four or more, or none at all (the unmovable
-workloads hold the room whatever moves). Times: an arrival without a search (admit
-alone) on the plain and the moving host; an arrival whose search planned moves
-(admit and ``make_room``); the search alone over every call.
+untimed: a plan an exhaustive search of pairs and triples finds (past
+``PAIR_TRIALS``, ``TRIPLE_TRIALS`` or ``TRIPLE_POOL``); else the fewest moves that
+would do by the nodes' free CPU counts (``moves_needed``: exact bin packing of the
+newcomer and the moved workloads, each whole on one node): one to three (a plan the
+counts allow and no trial found: alignment, whole cores, the admission's order), four
+or more, or none at all (the unmovable workloads hold the room whatever moves).
+Times: an arrival without a search (admit alone) on the plain and the moving host;
+an arrival whose search planned moves (admit and ``make_room``); the search alone
+over every call.
 
 Goal (issue 28): on every machine and policy, >= 80% of split rejections recovered
 at <= 1.5 moves per recovered admission. Exit status 0 when met, 2 otherwise.
@@ -78,6 +80,7 @@ from numad.placement.managers.device import DeviceInventory, DeviceState  # noqa
 from numad.placement.managers.memory import MEMORY, MemoryState, MemoryTable  # noqa: E402
 from numad.placement.moves import Mover, make_room  # noqa: E402
 from numad.placement.policy import Machine, Policy  # noqa: E402
+from numad.placement.rooms import packs  # noqa: E402
 from numad.topology.discover import discover  # noqa: E402
 from numad.topology.model import Topology  # noqa: E402
 from numad.topology.record import load_fixture  # noqa: E402
@@ -117,10 +120,9 @@ class Stream:
 class Why(StrEnum):
     """Why a split rejection was not recovered (``Run.why``)."""
 
-    BUDGET = "budget"  # an exhaustive pair search finds a plan
-    MISSED = "missed"  # one or two moves would do by the nodes' counts; no plan found
-    THREE = "3 moves"  # by the counts, three moves is the fewest that would do
-    MORE = "4+ moves"  # ... four or more
+    BUDGET = "budget"  # an exhaustive search of pairs and triples finds a plan
+    MISSED = "missed"  # one to three moves would do by the nodes' counts; no plan found
+    MORE = "4+ moves"  # by the counts, four moves or more is the fewest that would do
     NONE = "none"  # no moves of the movable workloads would do, whatever their number
 
 
@@ -254,8 +256,15 @@ class Run:
 
     def why(self, arrival: Arrival, movers: dict[str, Mover]) -> Why:
         """Why ``make_room`` found no plan for ``arrival`` (module docstring)."""
+        every = len(movers) ** 3  # no bound: every pair and triple of every mover
         if make_room(
-            self.engine, self.books, arrival.request, movers, pair_trials=len(movers) ** 2
+            self.engine,
+            self.books,
+            arrival.request,
+            movers,
+            pair_trials=every,
+            triple_trials=every,
+            triple_pool=every,
         ):
             return Why.BUDGET
         topo, cpu = self.engine.cpu_policy.topo, self.books.cpu
@@ -267,7 +276,7 @@ class Run:
         fewest = moves_needed(free, placed, arrival.cpus)
         if fewest is None:
             return Why.NONE
-        return Why.MISSED if fewest <= 2 else Why.THREE if fewest == 3 else Why.MORE
+        return Why.MISSED if fewest <= 3 else Why.MORE
 
 
 def moves_needed(free: dict[int, int], movers: list[tuple[int, int]], size: int) -> int | None:
@@ -279,23 +288,9 @@ def moves_needed(free: dict[int, int], movers: list[tuple[int, int]], size: int)
             room = dict(free)
             for cpus, node in chosen:
                 room[node] += cpus
-            if _packs(sorted(room.values()), sorted([size, *(c for c, _ in chosen)])):
+            if packs(list(room.values()), [size, *(c for c, _ in chosen)]):
                 return k
     return None
-
-
-def _packs(room: list[int], items: list[int]) -> bool:
-    """Whether ``items`` (ascending) go whole into bins of ``room`` (ascending): the
-    largest first, into each distinct room once."""
-    if not items:
-        return True
-    item, rest = items[-1], items[:-1]
-    return any(
-        left >= item
-        and (i == 0 or room[i - 1] != left)
-        and _packs(sorted([*room[:i], left - item, *room[i + 1 :]]), rest)
-        for i, left in enumerate(room)
-    )
 
 
 def ms(seconds: list[float], q: float) -> str:

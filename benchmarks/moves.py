@@ -11,12 +11,14 @@ nodes): the 8-node 256-CPU POWER7 (256ppc-8n8s4t) and the 64-node SGI-UV-like on
 (256intel64-64n2co2t-sgiuvlike, 4 CPUs a node): about 215 movable workloads each. Then
 ``--requests`` newcomers each ask one CPU more than any node has free, up to a whole
 node: split rejections, each searched in full (every single move, then up to 64
-pairs) and timed, plan or none. The books are never changed, so each newcomer sees the
-same packing.
+pairs, then up to 64 triples) and timed, plan or none. The books are never
+changed, so each newcomer sees the same packing.
 
 Cost model: one trial per candidate (a release and up to three admissions; each
 admission costs O(nodes) merges plus the CPU manager's takeByTopology, each release
-O(workloads)), then at most 64 pair trials. Target: a full search <= 1 s on both
+O(workloads)), then at most 64 pair trials and 64 triple trials; the counting that
+prunes them costs O(nodes) per set considered (at most every pair of candidates, and
+2,024 triples). Target: a full search <= 1 s on both
 (a rejection's search runs after numad's lock, but its answer waits for it; an
 admission that needs none never runs it). Exit status 0 when met, 2 otherwise.
 """

@@ -15,12 +15,14 @@ goes elsewhere), then those CPUs freed and the newcomer admitted. The trials:
 1. every single candidate in turn (exact for one move: the cheapest that admits both
    is taken);
 2. then, only where no single move does, pairs of candidates, cheapest pairs first,
-   at most ``PAIR_TRIALS`` of them.
+   at most ``PAIR_TRIALS`` of them;
+3. then, only where no pair tried does, triples of the ``TRIPLE_POOL`` cheapest
+   candidates, cheapest first, at most ``TRIPLE_TRIALS`` of them.
 
 Where the newcomer must sit on one node (single-numa-node or restricted, one
 container, a node holds its CPUs) and no node has its CPUs free, counting prunes
 without losing a plan: a single move helps only if it frees CPUs on a node where the
-newcomer's CPUs are then free, a pair only if the two together do; and a single move
+newcomer's CPUs are then free, a pair or triple only if they together do; a single move
 there costs at least a bound (it gives up the CPUs the newcomer lacks there; one on a
 single node changes nodes; one whose policy keeps it on one node leaves that node
 whole and migrates its pinned memory there), so the singles are tried by that bound,
@@ -29,8 +31,8 @@ cheapest first, and stop once the best found costs no more than the next one's b
 Cost, compared in this order: bytes of memory to migrate (the moved workloads'
 resident memory on the nodes their new ``cpuset.mems`` leaves out), moves across nodes
 (a move inside its nodes first), CPUs changed, workloads moved. Work is bounded by the
-trials: at most ``len(candidates) + PAIR_TRIALS`` trials of up to six admissions each,
-and the pruning's counts (``benchmarks/churn.py`` and ``benchmarks/moves.py`` time
+trials: at most ``len(candidates) + PAIR_TRIALS + TRIPLE_TRIALS`` trials of up to eight
+admissions each, and the pruning's counts (``benchmarks/churn.py`` and ``benchmarks/moves.py`` time
 them). A moved workload keeps its devices (a bound device cannot follow a running
 process): only its CPUs and memory are given back for the trial, so it is placed again
 by the devices it holds, the kubelet's way for a restarted container, and under a
@@ -41,7 +43,7 @@ CPUs may change, within its nodes or across them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from numad.cpuset import CPUSet, NodeSet
@@ -56,11 +58,12 @@ from numad.placement.admission import (
 )
 from numad.placement.explain import Move
 from numad.placement.managers.memory import MEMORY
-from numad.placement.policy import Policy
+from numad.placement.rooms import ONE_NODE, Key, Room, cheapest, per_node, split, summed
 
 PAIR_TRIALS = 64  # two-move trials at most, after every single move failed
+TRIPLE_TRIALS = 64  # three-move trials at most, after every pair tried failed
+TRIPLE_POOL = 24  # the triples are of the cheapest candidates only (2,024 sets at most)
 HOLD = "\x00moving"  # the placeholder holding a moved workload's CPUs (no spec's name)
-ONE_NODE = frozenset({Policy.SINGLE_NUMA_NODE, Policy.RESTRICTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ def candidates(books: Books, movers: Mapping[str, Mover]) -> list[str]:
 
     def cheap(name: str) -> tuple[int, int, str]:
         keys = index[name]
-        resident = movers[name].resident or _split(books, keys)
+        resident = movers[name].resident or split(books, keys)
         held = sum(books.cpu.assignments.get(k, 0).bit_count() for k in keys)
         return (sum(resident.values()), held, name)
 
@@ -127,21 +130,27 @@ def make_room(
     movers: Mapping[str, Mover],
     *,
     pair_trials: int = PAIR_TRIALS,
+    triple_trials: int = TRIPLE_TRIALS,
+    triple_pool: int = TRIPLE_POOL,
     single_trials: int | None = None,
 ) -> Plan | None:
-    """The cheapest plan that admits ``request`` after moving one or two of
+    """The cheapest plan that admits ``request`` after moving one, two or three of
     ``movers``; None when none within the bounds does (module docstring).
     ``single_trials`` bounds the single moves too (None: every candidate, exact)."""
     if max((c.cpus for c in request.containers), default=0) > books.cpu.available.bit_count():
         return None  # a move frees no CPU: the machine is full
     names = candidates(books, movers)[:single_trials]
-    room = _Room.of(engine, books, request)
+    room = Room.of(engine, books, request)
     index = _index(books)
-    per_node = {n: _per_node(engine, books, index[n]) for n in names}
+    held = {n: per_node(engine, books, index[n]) for n in names}
+    whole = {n: _whole(engine, movers[n].request) for n in names}
     singles, bound = names, {}
     if room is not None:  # only moves off the node it takes help; each costs at least
-        singles = [n for n in names if room.helps(per_node[n])]
-        bound = {n: room.bound(per_node[n], index[n], books, movers[n]) for n in singles}
+        singles = [n for n in names if room.helps(held[n], _sizes(whole, (n,)))]
+        bound = {
+            n: room.bound(held[n], index[n], books, movers[n].request.policy, movers[n].resident)
+            for n in singles
+        }
         singles.sort(key=lambda n: (bound[n], n))
     best: Plan | None = None
     for name in singles:
@@ -150,81 +159,35 @@ def make_room(
         best = _better(best, _trial(engine, books, request, (name,), movers))
     if best is not None:
         return best
-    tried = 0
-    for i, j in _cheapest_pairs(len(names)):
-        if tried >= pair_trials:
-            break
-        both = _summed(per_node[names[i]], per_node[names[j]])
-        if room is not None and not room.helps(both):
-            continue
-        tried += 1
-        best = _better(best, _trial(engine, books, request, (names[i], names[j]), movers))
+    for size, trials in ((2, pair_trials), (3, triple_trials)):
+        pool, tried = names[: len(names) if size == 2 else triple_pool], 0
+        for combo in cheapest(len(pool), size):
+            if tried >= trials:
+                break
+            moved = tuple(pool[i] for i in combo)
+            together = summed(*(held[n] for n in moved))
+            if room is not None and not room.helps(together, _sizes(whole, moved)):
+                continue
+            tried += 1
+            best = _better(best, _trial(engine, books, request, moved, movers))
+        if best is not None:
+            return best
     return best
 
 
-@dataclass(frozen=True, slots=True)
-class _Room:
-    """A newcomer of one container that must sit on one node (single-numa-node or
-    restricted, and a node holds its CPUs) and that no node has the CPUs free for: a
-    move helps only if it frees CPUs on a node where then ``ask`` are free, and the
-    moved workload leaves that node (else the newcomer would have fit)."""
-
-    ask: int
-    free: Mapping[int, int]  # node -> free CPUs
-    policy: Policy  # the host's
-
-    @classmethod
-    def of(cls, engine: Engine, books: Books, request: WorkloadRequest) -> _Room | None:
-        if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
-            return None
-        ask, numa = request.containers[0].cpus, engine.cpu_policy.topo.numa
-        free = {n: (books.cpu.available & m).bit_count() for n, m in numa.items()}
-        if not ask or max(free.values(), default=0) >= ask:
-            return None  # not refused by the count: alignment, memory (no pruning then)
-        if not any(m.bit_count() >= ask for m in numa.values()):
-            return None  # no node holds it: a multi-node placement may be preferred
-        return cls(ask, free, engine.policy)
-
-    def helps(self, held: Mapping[int, int]) -> bool:
-        """Whether freeing ``held`` (node -> CPUs) leaves ``ask`` free on a node."""
-        return any(self.free[n] + cpus >= self.ask for n, cpus in held.items())
-
-    def bound(
-        self, held: Mapping[int, int], keys: set[Key], books: Books, mover: Mover
-    ) -> tuple[int, int, int, int]:
-        """The least a single move of a workload (``held``: its CPUs per node) can cost:
-        it gives up at least the CPUs the newcomer lacks on a node it helps on; one on
-        a single node changes nodes; one that must stay on one node (its policy) leaves
-        that node whole, and migrates its pinned memory there."""
-        one = (mover.request.policy or self.policy) in ONE_NODE and len(held) == 1
-        pinned = one and any(books.memory.blocks.get(k) for k in keys)
-        resident = (mover.resident or _split(books, keys)) if pinned else {}
-        return min(
-            (resident.get(n, 0), int(len(held) == 1), cpus if one else self.ask - self.free[n], 1)
-            for n, cpus in held.items()
-            if self.free[n] + cpus >= self.ask
-        )
-
-
-def _per_node(engine: Engine, books: Books, keys: set[Key]) -> dict[int, int]:
-    """A workload's exclusive CPUs on each node (``keys``: its containers)."""
-    held = 0
-    for key in keys:
-        held |= books.cpu.assignments.get(key, 0)
+def _whole(engine: Engine, request: WorkloadRequest) -> int | None:
+    """The CPUs of a workload that must sit whole on one node (one container, its
+    policy one-node, a node holds them); None for any other."""
+    if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
+        return None
+    cpus = request.containers[0].cpus
     numa = engine.cpu_policy.topo.numa
-    return {n: (held & m).bit_count() for n, m in numa.items() if held & m}
+    return cpus if any(m.bit_count() >= cpus for m in numa.values()) else None
 
 
-def _summed(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
-    return {n: a.get(n, 0) + b.get(n, 0) for n in a.keys() | b.keys()}
-
-
-def _cheapest_pairs(n: int) -> Iterator[tuple[int, int]]:
-    """Pairs of ``range(n)`` (candidates, cheapest first), by the sum of their ranks,
-    then the first's: (0, 1), (0, 2), (0, 3), (1, 2), ... made as they are taken."""
-    for total in range(1, 2 * n - 2):
-        for i in range(max(0, total - n + 1), (total + 1) // 2):
-            yield i, total - i
+def _sizes(whole: Mapping[str, int | None], names: Sequence[str]) -> list[int] | None:
+    sizes = [whole[n] for n in names]
+    return None if None in sizes else [s for s in sizes if s is not None]
 
 
 def replace_grown(
@@ -236,7 +199,7 @@ def replace_grown(
 ) -> Plan | None:
     """A movable workload resized past its nodes' room, re-placed whole by its new
     request (``grown``): where it fits once it leaves its place, else after moving one
-    or two of ``movers`` (``make_room``). Its own move leads the plan's moves."""
+    to three of ``movers`` (``make_room``). Its own move leads the plan's moves."""
     request = grown.request
     without = _vacate(books, name)
     after, outcome = admit(engine, without, request)
@@ -365,7 +328,7 @@ def describe(
     new_cpus, new_mems = _held(after, name)
     old_nodes = NodeSet(topo.numas_of(old_cpus)) | old_mems
     new_nodes = NodeSet(topo.numas_of(new_cpus)) | new_mems
-    measured = resident or _split(before, {(name, c) for c in placements(before, name)})
+    measured = resident or split(before, {(name, c) for c in placements(before, name)})
     moving = 0
     if new_mems and new_mems != old_mems:
         moving = sum(size for node, size in measured.items() if node not in new_mems)
@@ -377,9 +340,6 @@ def describe(
         new_nodes,
         moving,
     )
-
-
-Key = tuple[str, str]
 
 
 def _index(books: Books) -> dict[str, set[Key]]:
@@ -402,12 +362,3 @@ def _held(books: Books, name: str) -> tuple[int, NodeSet]:
 
 def _cpus(books: Books, name: str) -> int:
     return _held(books, name)[0].bit_count()
-
-
-def _split(books: Books, keys: set[Key]) -> dict[int, int]:
-    """A workload's bytes per node as its blocks say (what it asked, not touched)."""
-    out: dict[int, int] = {}
-    for key in keys:
-        for node, size in books.memory.per_node(key).items():
-            out[node] = out.get(node, 0) + size
-    return out

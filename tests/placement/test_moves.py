@@ -20,13 +20,13 @@ from numad.placement.managers.device import Device, DeviceInventory, DeviceState
 from numad.placement.managers.memory import Capacity, MemoryState, MemoryTable
 from numad.placement.moves import (
     Mover,
-    _cheapest_pairs,
     candidates,
     cost,
     make_room,
     replace_grown,
 )
 from numad.placement.policy import Policy
+from numad.placement.rooms import cheapest
 from tests.placement.test_resize import GIB, books_on, engine_on, small
 
 ENGINE = engine_on(small(), Policy.SINGLE_NUMA_NODE)
@@ -110,6 +110,24 @@ def test_a_pair_when_no_single_move_does() -> None:
     assert {_node(_cpus(plan.books, n)) for n in "bc"} == {1}
     assert _node(_cpus(plan.books, "new")) == 0
     assert cost(plan.moves) == (2 * GIB, 2, 2, 2)
+
+
+def test_three_moves_when_no_pair_does() -> None:
+    # node 0: a (3), b, c, d (1 each): 2 free; node 1: e (3): 4 free (15 reserved).
+    sizes = {"a": 3, "b": 1, "c": 1, "d": 1, "e": 3}
+    books = _filled(*sizes.items())
+    assert [_node(_cpus(books, n)) for n in "abcde"] == [0, 0, 0, 0, 1]
+    new = _request("new", 5)
+    movers = _movers(books, "bcd", sizes)
+    assert make_room(ENGINE, books, new, movers, triple_trials=0) is None  # no pair does
+    plan = make_room(ENGINE, books, new, movers)
+    assert plan is not None
+    assert sorted(m.workload for m in plan.moves) == ["b", "c", "d"]
+    assert {_node(_cpus(plan.books, n)) for n in "bcd"} == {1}
+    assert _node(_cpus(plan.books, "new")) == 0
+    assert cost(plan.moves) == (3 * GIB, 3, 3, 3)
+    taken = list(plan.books.cpu.assignments.values())  # no CPU held twice
+    assert sum(b.bit_count() for b in taken) == _union(taken).bit_count()
 
 
 def test_the_cheapest_single_move_is_taken() -> None:
@@ -264,7 +282,8 @@ def test_the_old_books_are_never_changed(seed: int) -> None:
     assert release(books, "zzz").cpu.assignments == books.cpu.assignments
 
 
-def test_pairs_come_cheapest_first() -> None:
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_sets_come_cheapest_first(size: int) -> None:
     for n in range(12):
-        want = sorted(combinations(range(n), 2), key=lambda p: (p[0] + p[1], p))
-        assert list(_cheapest_pairs(n)) == want
+        want = sorted(combinations(range(n), size), key=lambda p: (sum(p), p))
+        assert list(cheapest(n, size)) == want
