@@ -89,7 +89,13 @@ def search(
     fixed = movers(view, lambda _: {}, movable=False)
     if fixed:
         hint = make_room(
-            view.engine, view.books, request, fixed, pair_trials=0, single_trials=HINT_SINGLES
+            view.engine,
+            view.books,
+            request,
+            fixed,
+            pair_trials=0,
+            triple_trials=0,
+            single_trials=HINT_SINGLES,
         )
         if hint is not None and hint.moves:
             outcome = replace(outcome, unmovable=tuple(m.workload for m in hint.moves))

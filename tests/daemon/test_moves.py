@@ -251,3 +251,31 @@ def test_a_resize_searches_after_the_lock_and_a_stale_plan_is_not_committed(
     assert cpus.issubset(NODES[0])
     assert not answer["moves"]
     assert "web" not in daemon.specs
+
+
+@pytest.mark.parametrize("movable", [True, False])
+def test_three_moves_admit_and_the_hint_for_fixed_ones_stays_with_single_moves(
+    machines: Machines, tmp_path: Path, movable: bool
+) -> None:
+    """w (5) and a, b, c (1 each) on node 0: 6 CPUs free; batch (13) on node 1: 3 free.
+    big asks 9: only a, b and c moved together to node 1 make room (w does not fit
+    there). Movable, they are moved; fixed, the rejection names no workload (the hint
+    tries single moves only, and none would do)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    for name, cpus in (("w", 5), ("a", 1), ("b", 1), ("c", 1), ("batch", 13)):
+        _admit(daemon, _spec(name, cpus, movable=movable and name in "abc"))
+    held = {n: _cpus(daemon.show(n)) for n in ("w", "a", "b", "c", "batch")}
+    assert all(held[n].issubset(NODES[0]) for n in "wabc")
+    assert held["batch"].issubset(NODES[1])
+    scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", "numad.slice/big")
+    outcome = daemon.admit(daemon.parse(json.dumps(_spec("big", 9)), "json"))
+    if not movable:
+        assert not outcome.admitted
+        assert outcome.unmovable == ()
+        assert outcome.move_lines() == ()
+        return
+    assert outcome.admitted, outcome.explanation
+    assert sorted(m.workload for m in outcome.moves) == ["a", "b", "c"]
+    assert all(_cpus(daemon.show(n)).issubset(NODES[1]) for n in "abc")
+    assert _cpus(daemon.show("big")).issubset(NODES[0])
+    assert _cpus(daemon.show("w")) == held["w"]
