@@ -188,10 +188,15 @@ class UnitRecord:
             try:
                 self.give_back(path, self.online)
             except NumadError as err:
-                self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
+                name = self.told[path]["unit"]
+                gone = False
                 with contextlib.suppress(NumadError):
-                    if self.systemd.unit(self.told[path]["unit"]) is None:
-                        self._forget(path)  # unloaded: nothing of numad's left there
+                    gone = self.systemd.unit(name) is None
+                if gone:  # unloaded (a transient unit that ended): nothing of numad's left
+                    self._forget(path)
+                    self.log.info("unit_reset_skipped", unit=name, why="systemd has no such unit")
+                else:
+                    self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
         settled = False
         for path, cpus in batch:
             try:

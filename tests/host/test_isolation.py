@@ -5,9 +5,12 @@ CPU back when numad stops. On the recorded 2-socket machine with a scratch v2 tr
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
@@ -240,6 +243,8 @@ class FakeSystemd:
     ) -> None:
         assert runtime
         assert cpus is not None or mems is not None  # as the bus: None leaves one alone
+        if name not in self.units:  # no unit file (a transient unit that ended): NoSuchUnit
+            raise SystemdError(name, f"SetUnitProperties failed: Unit {name} not found.")
         self.calls.append((name, cpus.format_list() if cpus is not None else "-"))
         if cpus is not None:
             self.allowed_cpus[name] = cpus
@@ -377,6 +382,36 @@ def test_a_unit_told_a_value_that_becomes_a_workload_keeps_it(
     assert fake.allowed_cpus["wl.service"], "reset: systemd may turn cpuset off"
     assert daemon.isolation.record is not None
     assert "numad.slice/wl.service" not in daemon.isolation.record.told
+
+
+def test_an_isolated_unit_that_ended_is_forgotten_without_a_warning(
+    machines: Machines, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A transient unit in numad.slice, told the shared pool, ends and systemd unloads
+    it (seen in the VM: a podman scope, a systemd-run service): its reset is refused
+    (no such unit), and numad forgets it; nothing of numad's is left to give back, so
+    that is no warning."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"late.service": "/numad.slice/late.service"})
+    daemon.isolation.systemd = fake
+    scratch_mkdir(_tree(daemon), "numad.slice/late.service")
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["late.service"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    fake.stop("late.service", unload=True)
+    del fake.units["late.service"]  # transient: no unit file to load it again from
+    shutil.rmtree(_tree(daemon) / "numad.slice/late.service")
+    daemon.reconcile()
+    capsys.readouterr()
+    _tell_systemd(daemon)
+    logged = capsys.readouterr().out
+    assert "unit_reset_skipped" in logged, logged
+    assert "unit_reset_failed" not in logged, logged
+    assert daemon.isolation.record is not None
+    assert "numad.slice/late.service" not in daemon.isolation.record.told
+    assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
+    assert not daemon.isolation.owed()
 
 
 class SlowSystemd(FakeSystemd):
