@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from numad.host.targets import Log
 
 
+# A pass under way feeds the watchdog while it advances, up to this long (seconds): past
+# it numad is taken as stuck whatever it does (10,000 cgroups take ~0.2 s a pass here).
+LONGEST_PASS = 600.0
+
+
 class Supervisor:
     def __init__(
         self,
@@ -41,11 +46,14 @@ class Supervisor:
         self.clock = clock
         self.progress: dict[str, float] = {}  # loop -> when a pass last succeeded
         self.failing: dict[str, str] = {}  # loop -> how its last pass failed
+        self.running: dict[str, float] = {}  # loop -> when its pass under way began
+        self.beats: dict[str, float] = {}  # loop -> when its pass under way last advanced
 
     def run_once(self, loop: str, body: Callable[[], object]) -> bool:
         """One pass of ``loop``; True when it succeeded. Never raises an Exception. A
         failure is counted every pass but logged once while it stays the same (with its
         traceback); the pass that succeeds again says so."""
+        self.running[loop] = self.clock()
         try:
             body()
         except Exception as err:
@@ -56,16 +64,36 @@ class Supervisor:
                 self.log.exception("loop_failed", loop=loop, problem=repr(err))
             self.failing[loop] = problem
             return False
+        finally:
+            self.running.pop(loop, None)
         self.problems.clear(f"loop:{loop}")
         if self.failing.pop(loop, None) is not None:
             self.log.info("loop_recovered", loop=loop)
         self.progress[loop] = self.clock()
         return True
 
+    def beat(self, loop: str) -> None:
+        """``loop``'s pass under way advanced (a directory of the tree walked, a cgroup
+        written): on a busy or slow host a pass may outlast the watchdog's window."""
+        self.beats[loop] = self.clock()
+
     def progressing(self, loop: str, within: float) -> bool:
-        """Whether ``loop`` completed a pass in the last ``within`` seconds."""
+        """Whether ``loop`` completed a pass in the last ``within`` seconds, or has one
+        under way that advanced within them and began less than ``LONGEST_PASS`` ago
+        (alive and making progress; a pass that hangs, or never ends, is not)."""
+        now = self.clock()
         last = self.progress.get(loop)
-        return last is not None and self.clock() - last <= within
+        if last is not None and now - last <= within:
+            return True
+        began = self.running.get(loop)
+        beat = self.beats.get(loop)
+        return (
+            began is not None
+            and beat is not None
+            and beat >= began
+            and now - beat <= within
+            and now - began <= LONGEST_PASS
+        )
 
 
 def reconcile_loop(
@@ -183,8 +211,8 @@ def watchdog_loop(
     supervisor: Supervisor, stop: threading.Event, interval: float, stale_after: float
 ) -> None:
     """Ping systemd's watchdog every ``interval`` seconds while the reconcile loop
-    has completed a pass within ``stale_after`` seconds; otherwise say so and let
-    the watchdog fire."""
+    has completed a pass within ``stale_after`` seconds, or has one under way that
+    advances (``Supervisor.progressing``); otherwise say so and let the watchdog fire."""
     withheld = [False]
 
     def ping() -> None:
@@ -195,7 +223,7 @@ def watchdog_loop(
             withheld[0] = True
             supervisor.log.error(
                 "watchdog_withheld",
-                problem=f"no reconcile pass succeeded in {stale_after:g} s",
+                problem=f"no reconcile pass succeeded or advanced in {stale_after:g} s",
             )
 
     while not stop.wait(interval):

@@ -115,6 +115,7 @@ class Daemon:
         self.enforcer.moves = self.migrations
         self.enforcer.cancelled = held.stopping.is_set
         self.supervisor = Supervisor(log, self.metrics, self.health, clock)
+        self.enforcer.beat = lambda: self.supervisor.beat("reconcile")
         self.commits = Commits(
             held, config, state_dir, log, self.health, self.enforcer, self.isolation, self.irqs
         )

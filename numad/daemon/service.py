@@ -209,7 +209,7 @@ class _NoCgroups:
     def restore_cpus(self, cpus: CPUSet) -> None:
         return None
 
-    def descendants(self, path: str) -> list[str]:
+    def descendants(self, path: str, beat: Callable[[], object] | None = None) -> list[str]:
         return []
 
     def processes(self, path: str) -> list[int]:

@@ -48,6 +48,7 @@ class Enforcer:
     ) -> None:
         self.cgroups = cgroups
         self.cancelled: Callable[[], bool] = lambda: False  # numad is stopping
+        self.beat: Callable[[], object] = lambda: None  # the pass advanced (the watchdog)
         self.metrics = metrics
         self.log = log
         self.problems = problems
@@ -67,7 +68,7 @@ class Enforcer:
         listing: dict[str, list[str] | NumadError] = {}
         for root in roots:
             try:
-                listing[root] = self.cgroups.descendants(root)
+                listing[root] = self.cgroups.descendants(root, self.beat)
             except NumadError as err:
                 listing[root] = err
         reads: dict[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]] = {}
@@ -137,6 +138,7 @@ class Enforcer:
         for t in shared + narrow:
             if self.cancelled():
                 return
+            self.beat()
             if not self._share(t, pool):
                 failing.append(t.path)
                 blocked |= self._held(t.path, empty=-1)

@@ -285,8 +285,8 @@ class Isolation:
     def restore_cpus(self, cpus: CPUSet) -> None:
         self.cgroups.restore_cpus(cpus)
 
-    def descendants(self, path: str) -> list[str]:
-        return self._backend(path).descendants(path)
+    def descendants(self, path: str, beat: Callable[[], object] | None = None) -> list[str]:
+        return self._backend(path).descendants(path, beat)
 
     def processes(self, path: str) -> list[int]:
         backend: Any = self._backend(path)

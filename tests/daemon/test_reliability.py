@@ -22,6 +22,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import state
 from numad.daemon.instance import InstanceError, acquire
 from numad.daemon.loops import (
+    LONGEST_PASS,
     Supervisor,
     hotplug_loop,
     reconcile_loop,
@@ -33,6 +34,7 @@ from numad.daemon.root import Daemon
 from numad.daemon.watch import Event
 from numad.errors import CgroupError, CheckpointError
 from numad.host import durable
+from numad.host.cgroup.hierarchy import BEAT_EVERY
 from numad.host.cgroup.v2 import CgroupV2Backend
 from numad.host.scratch import scratch_mkdir
 from numad.host.systemd_bus import SystemdError
@@ -192,6 +194,57 @@ def test_the_watchdog_is_fed_only_while_reconcile_makes_progress(
         finally:
             stop.set()
             thread.join(5)
+
+
+def test_a_long_pass_feeds_the_watchdog_while_it_advances_and_a_hung_one_does_not() -> None:
+    """Seen in the systemd VM: 10,000 cgroups made in numad.slice under emulation, each
+    pass walked them for 25-32 s, past the 19 s window, and systemd killed a numad that
+    was working. A pass under way counts while it advances (``Supervisor.beat``), and
+    only so: one that stops advancing, or runs past LONGEST_PASS, does not."""
+    now = [100.0]
+    supervisor = Supervisor(_Log(), Metrics(), _problems(), clock=lambda: now[0])
+    seen: list[bool] = []
+
+    def long_pass() -> None:
+        for _ in range(6):  # 60 s in all, a beat every 10 s
+            now[0] += 10.0
+            supervisor.beat("reconcile")
+            seen.append(supervisor.progressing("reconcile", 19.0))
+        now[0] += 25.0  # then it stops advancing (a read that hangs)
+        seen.append(supervisor.progressing("reconcile", 19.0))
+
+    assert supervisor.run_once("reconcile", long_pass)
+    assert seen == [True] * 6 + [False]
+    assert supervisor.progressing("reconcile", 19.0)  # it ended: a pass succeeded
+    now[0] += 20.0
+    assert not supervisor.progressing("reconcile", 19.0)
+    supervisor.beat("reconcile")  # a beat with no pass under way is no progress
+    assert not supervisor.progressing("reconcile", 19.0)
+
+    def endless() -> None:
+        while now[0] < 100.0 + LONGEST_PASS + 200.0:
+            now[0] += 10.0
+            supervisor.beat("reconcile")
+            seen.append(supervisor.progressing("reconcile", 19.0))
+
+    seen.clear()
+    supervisor.run_once("reconcile", endless)
+    assert seen[0], "fed at first"
+    assert not seen[-1], "starved once past LONGEST_PASS"
+
+
+def test_a_reconcile_pass_beats_as_it_walks_a_large_tree(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The real pass: its walk of the managed roots beats every BEAT_EVERY directories."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(3 * BEAT_EVERY):
+        (tree / f"numad.slice/stray{i}").mkdir()
+    beats: list[str] = []
+    daemon.supervisor.beat = beats.append  # type: ignore[method-assign,assignment]
+    assert daemon.supervisor.run_once("reconcile", daemon.reconcile)
+    assert beats.count("reconcile") >= 3
 
 
 def test_numad_is_not_ready_while_its_cgroup_tree_is_gone(

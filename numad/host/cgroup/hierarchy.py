@@ -27,7 +27,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from numad.errors import CgroupError
 from numad.host.cgroup.path import DEFAULT_MANAGED_ROOTS, CgroupPath, as_path
 
 SCRATCH_MARKER = ".numad-scratch"
+BEAT_EVERY = 256  # directories walked between two beats of a pass under way
 
 
 def is_scratch(root: Path) -> bool:
@@ -128,15 +129,22 @@ class Hierarchy:
         except FileNotFoundError:
             return None
 
-    def descendants(self, path: CgroupPath | str) -> list[str]:
+    def descendants(
+        self, path: CgroupPath | str, beat: Callable[[], object] | None = None
+    ) -> list[str]:
         """Every cgroup below ``path`` (not ``path`` itself), from the hierarchy root,
-        parents first. Links are not followed: cgroupfs has none."""
+        parents first. Links are not followed: cgroupfs has none. ``beat`` is called
+        every ``BEAT_EVERY`` directories walked (a reconcile pass advancing)."""
         cg, _, d = self._locate(path)
         found: list[str] = []
+        top, start = str(d), "/".join(cg.parts)
         with self._failures(cg, "listing the cgroups below it", d):
-            for directory, children, _ in os.walk(d):
-                below = Path(directory).relative_to(d).parts
-                found += ["/".join((*cg.parts, *below, child)) for child in sorted(children)]
+            for walked, (directory, children, _) in enumerate(os.walk(top)):
+                below = directory[len(top) :].strip("/")
+                prefix = "/".join(p for p in (start, below) if p)
+                found += [f"{prefix}/{child}" if prefix else child for child in sorted(children)]
+                if beat is not None and walked % BEAT_EVERY == 0:
+                    beat()
         return found
 
     # -- paths -----------------------------------------------------------------------------
