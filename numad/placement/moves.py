@@ -58,7 +58,7 @@ from numad.placement.admission import (
 )
 from numad.placement.explain import Move
 from numad.placement.managers.memory import MEMORY
-from numad.placement.rooms import ONE_NODE, Key, Room, cheapest, per_node, split, summed
+from numad.placement.rooms import Key, Room, cheapest, per_node, split, summed, whole
 
 PAIR_TRIALS = 64  # two-move trials at most, after every single move failed
 TRIPLE_TRIALS = 64  # three-move trials at most, after every pair tried failed
@@ -143,10 +143,10 @@ def make_room(
     room = Room.of(engine, books, request)
     index = _index(books)
     held = {n: per_node(engine, books, index[n]) for n in names}
-    whole = {n: _whole(engine, movers[n].request) for n in names}
+    sizes = {n: whole(engine, movers[n].request) for n in names}
     singles, bound = names, {}
     if room is not None:  # only moves off the node it takes help; each costs at least
-        singles = [n for n in names if room.helps(held[n], _sizes(whole, (n,)))]
+        singles = [n for n in names if room.helps(held[n], _sizes(sizes, (n,)))]
         bound = {
             n: room.bound(held[n], index[n], books, movers[n].request.policy, movers[n].resident)
             for n in singles
@@ -166,7 +166,7 @@ def make_room(
                 break
             moved = tuple(pool[i] for i in combo)
             together = summed(*(held[n] for n in moved))
-            if room is not None and not room.helps(together, _sizes(whole, moved)):
+            if room is not None and not room.helps(together, _sizes(sizes, moved)):
                 continue
             tried += 1
             best = _better(best, _trial(engine, books, request, moved, movers))
@@ -175,18 +175,8 @@ def make_room(
     return best
 
 
-def _whole(engine: Engine, request: WorkloadRequest) -> int | None:
-    """The CPUs of a workload that must sit whole on one node (one container, its
-    policy one-node, a node holds them); None for any other."""
-    if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
-        return None
-    cpus = request.containers[0].cpus
-    numa = engine.cpu_policy.topo.numa
-    return cpus if any(m.bit_count() >= cpus for m in numa.values()) else None
-
-
-def _sizes(whole: Mapping[str, int | None], names: Sequence[str]) -> list[int] | None:
-    sizes = [whole[n] for n in names]
+def _sizes(each: Mapping[str, int | None], names: Sequence[str]) -> list[int] | None:
+    sizes = [each[n] for n in names]
     return None if None in sizes else [s for s in sizes if s is not None]
 
 

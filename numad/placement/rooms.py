@@ -27,14 +27,13 @@ class Room:
 
     @classmethod
     def of(cls, engine: Engine, books: Books, request: WorkloadRequest) -> Room | None:
-        if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
+        ask = whole(engine, request)
+        if not ask:  # no node holds it: a multi-node placement may be preferred
             return None
-        ask, numa = request.containers[0].cpus, engine.cpu_policy.topo.numa
+        numa = engine.cpu_policy.topo.numa
         free = {n: (books.cpu.available & m).bit_count() for n, m in numa.items()}
-        if not ask or max(free.values(), default=0) >= ask:
+        if max(free.values(), default=0) >= ask:
             return None  # not refused by the count: alignment, memory (no pruning then)
-        if not any(m.bit_count() >= ask for m in numa.values()):
-            return None  # no node holds it: a multi-node placement may be preferred
         return cls(ask, free, engine.policy)
 
     def helps(self, held: Mapping[int, int], sizes: Sequence[int] | None = None) -> bool:
@@ -72,6 +71,16 @@ class Room:
             for n, cpus in held.items()
             if self.free[n] + cpus >= self.ask
         )
+
+
+def whole(engine: Engine, request: WorkloadRequest) -> int | None:
+    """The CPUs of a workload that must sit whole on one node (one container, its
+    policy one-node, a node holds them); None for any other."""
+    if len(request.containers) != 1 or (request.policy or engine.policy) not in ONE_NODE:
+        return None
+    cpus = request.containers[0].cpus
+    numa = engine.cpu_policy.topo.numa
+    return cpus if any(m.bit_count() >= cpus for m in numa.values()) else None
 
 
 def packs(room: Sequence[int], items: Sequence[int]) -> bool:
