@@ -138,7 +138,6 @@ class Enforcer:
         for t in shared + narrow:
             if self.cancelled():
                 return
-            self.beat()
             if not self._share(t, pool):
                 failing.append(t.path)
                 blocked |= self._held(t.path, empty=-1)
@@ -177,7 +176,9 @@ class Enforcer:
     def _share(self, t: Target, pool: int) -> bool:
         """Write the shared pool less what other cgroups may still run on as an
         exclusive grant (but with what a cgroup above a workload numad no longer
-        writes ``keeps``); never an empty set (that would mean every CPU)."""
+        writes ``keeps``); never an empty set (that would mean every CPU). Each write is
+        a pass advancing (``beat``: the watchdog), shrinking or growing."""
+        self.beat()
         cpus = (pool & ~self._granted_elsewhere(t.path)) | t.keeps
         if cpus:
             return self.write(t.path, cpus, t.mems)

@@ -236,13 +236,25 @@ def test_a_long_pass_feeds_the_watchdog_while_it_advances_and_a_hung_one_does_no
 def test_a_reconcile_pass_beats_as_it_walks_a_large_tree(
     machines: Machines, tmp_path: Path
 ) -> None:
-    """The real pass: its walk of the managed roots beats every BEAT_EVERY directories."""
+    """The real pass: its walk of the managed roots beats every BEAT_EVERY directories,
+    and each stray written one by one (shrunk before a grant, grown after) beats."""
     daemon = recorded_daemon(machines, tmp_path)
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
-    for i in range(3 * BEAT_EVERY):
-        (tree / f"numad.slice/stray{i}").mkdir()
     beats: list[str] = []
     daemon.supervisor.beat = beats.append  # type: ignore[method-assign,assignment]
+    few = 10
+    for i in range(few):
+        (tree / f"numad.slice/stray{i}").mkdir()
+    daemon.reconcile()
+    scratch_mkdir(tree, "numad.slice/db")
+    beats.clear()
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
+    daemon.admit(daemon.parse(json.dumps(spec), "json"))
+    daemon.release("db")
+    assert beats.count("reconcile") >= 2 * few  # each shrunk, then each grown back
+    for i in range(few, 3 * BEAT_EVERY):
+        (tree / f"numad.slice/stray{i}").mkdir()
+    beats.clear()
     assert daemon.supervisor.run_once("reconcile", daemon.reconcile)
     assert beats.count("reconcile") >= 3
 
