@@ -144,11 +144,15 @@ class Commits:
         (``numad.host.workload_units``), so the answer comes once it has written them,
         and what waited on them written. The daemon's lock is not held meanwhile; the
         unit loop does the same for a pass, and for any other change."""
-        units = self.isolation.workloads
-        waits = any(self.health.has(f"grant:{p}") for p in self.held.cgroups_of(changed))
-        if not units.owed() or (changed.unit is None and not waits):
+        units, mine = self.isolation.workloads, self.held.cgroups_of(changed)
+        waits = any(self.health.has(f"grant:{p}") for p in mine)
+        record = self.isolation.record
+        if record is not None and any(record.above(p) for p in mine):
+            self.isolation.send()  # a unit above them gets its own back first
+        elif not units.owed() or (changed.unit is None and not waits):
             return
-        units.send()
+        else:
+            units.send()
         with self.held.lock:
             if not self.held.stopped:
                 self.after_commit(lambda: self.enforce(changed=changed))

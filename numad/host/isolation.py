@@ -37,7 +37,7 @@ from typing import Any
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
 from numad.host.durable import read_json, write_file
-from numad.host.targets import Cgroups, Log
+from numad.host.targets import Cgroups, Deferred, Log
 from numad.host.unit_record import UnitRecord, Units
 from numad.host.workload_units import WorkloadUnits
 from numad.observe import Problems
@@ -180,7 +180,7 @@ class Isolation:
         for path in sorted(set(self.originals) - paths):
             gone = path in owned or not self._exists(path)  # not numad's to give back
             above = any(o.startswith(path + "/") for o in owned)
-            if gone or (above and self._give_back(path, now=True) is None):
+            if gone or (above and self._give_back(path) is None):
                 dropped.append(path)
         for path in dropped:
             del self.originals[path]
@@ -250,6 +250,17 @@ class Isolation:
             self._backend(path).ensure(path)
 
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        record = self.record if cpus and path not in self.isolated else None
+        above = record.above(path, wait=True) if record is not None else None
+        if above is not None:
+            why = (
+                f"{path}: not written yet: {above}, above it, is to get its own AllowedCPUs="
+                " back from systemd first (numad had narrowed it, and systemd may write that"
+                " again); written once it has"
+            )
+            if self.problems is not None:
+                self.problems.set(f"write:{path}", why)
+            raise Deferred(path, why)
         unit = self.workloads.unit_of(path)
         if unit is not None:
             self.workloads.write(path, unit, cpus, mems)  # Deferred: systemd writes it
@@ -320,20 +331,17 @@ class Isolation:
         own = self._backend(path).read(path)[0]
         return {"via": "cgroupfs", "cpus": own.format_list()}
 
-    def _give_back(self, path: str, *, now: bool = False) -> str | None:
+    def _give_back(self, path: str) -> str | None:
         """Write the cgroup's own setting back; the problem if that failed. A unit's own
         AllowedCPUs= is given back by the sender, off the lock (at stop too: the stop's
-        last round), but ``now`` (above a workload's cgroup: systemd must not narrow it
-        again)."""
+        last round; above a workload's cgroup, what is written below waits for it)."""
         own = self.originals[path]
         cpus = CPUSet.parse_list(own.get("cpus", ""))
         # v2 refuses an empty cpuset.cpus in a cgroup with tasks (ENOSPC), and so
         # systemd's reset of AllowedCPUs= fails there: every CPU goes in first.
         every = cpus or self.online
         try:
-            if self.record is not None and now:
-                self.record.give_back(path, self.online)
-            elif self.record is not None:
+            if self.record is not None:
                 self.record.give_back_later([path], self.online)
             if own.get("via") == "systemd" and self.systemd is not None:  # numad before 2026-12
                 self.systemd.set_allowed(own["unit"], every, None, runtime=True)

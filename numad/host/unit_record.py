@@ -110,6 +110,7 @@ class UnitRecord:
         self.units: dict[str, str | None] = {}  # path -> its unit, or None: not systemd's
         self.problems = problems or Problems()  # "unit:PATH": why systemd lacks its value
         self.returning: set[str] = set()  # told, and isolated no more: give back
+        self.awaited: set[str] = set()  # returning, a write below waits on it: a pass after
         self.online = CPUSet()  # every CPU: first, for a unit given back that had none
         self.pending = pending or threading.Event()  # set by want(): the sender has work
         self.told, problem = _load(state_dir)  # path -> {"unit", "cpus"}: the unit's own
@@ -128,18 +129,14 @@ class UnitRecord:
     def keep_only(self, paths: set[str], owned: set[str]) -> None:
         """Cgroups isolated no more: nothing more to send for them. A unit that was told
         a value and is a workload's now keeps it (its record is dropped: systemd keeps
-        the cpuset controller on for it, and numad places it from now on); one above a
-        workload's is given its own back by ``Isolation``; any other by the sender."""
+        the cpuset controller on for it, and numad places it from now on); any other
+        gets its own back from the sender (one above a workload's first: ``above``)."""
         with self.lock:
             self.wanted = {p: c for p, c in self.wanted.items() if p in paths}
             mine = [p for p in self.told if p not in paths and p in owned]
             for path in mine:
                 del self.told[path]
-            self.returning = {
-                p
-                for p in self.told
-                if p not in paths and not any(o.startswith(p + "/") for o in owned)
-            }
+            self.returning = {p for p in self.told if p not in paths}
             self.units = {p: u for p, u in self.units.items() if p in paths or p in self.told}
         if mine:
             try:  # one small file
@@ -159,6 +156,19 @@ class UnitRecord:
                     self.returning.add(path)
                     self.wanted.pop(path, None)
         self.pending.set()
+
+    def above(self, path: str, *, wait: bool = False) -> str | None:
+        """The unit above ``path`` that is still to get its own AllowedCPUs= back: until
+        it has, systemd may write the narrow value numad told it into its cgroup, and
+        so into ``path``'s. ``wait``: a write there waits for the round that gives it
+        back, which then wakes a pass. Cost: per unit being given back (rarely any)."""
+        with self.lock:
+            for unit in self.returning:
+                if path.startswith(unit + "/"):
+                    if wait:
+                        self.awaited.add(unit)
+                    return self.told[unit]["unit"]
+        return None
 
     def may_run_on(self, path: str) -> CPUSet:
         """What systemd was sent for ``path`` and may not have written yet."""
@@ -184,9 +194,13 @@ class UnitRecord:
         with self.lock:
             batch = sorted(self.wanted.items())
             returning = sorted(self.returning)
+        settled = False
         for path in returning:
+            with self.lock:
+                awaited = path in self.awaited
             try:
                 self.give_back(path, self.online)
+                settled |= awaited
             except NumadError as err:
                 name = self.told[path]["unit"]
                 gone = False
@@ -197,7 +211,6 @@ class UnitRecord:
                     self.log.info("unit_reset_skipped", unit=name, why="systemd has no such unit")
                 else:
                     self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
-        settled = False
         for path, cpus in batch:
             try:
                 unit = self._resolve(path)
@@ -307,6 +320,7 @@ class UnitRecord:
         with self.lock:
             del self.told[path]
             self.returning.discard(path)
+            self.awaited.discard(path)
             self.wanted.pop(path, None)
             self.sending.pop(path, None)
         self._save()

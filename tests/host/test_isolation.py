@@ -549,3 +549,77 @@ def test_a_cgroup_with_tasks_gets_every_cpu_back_though_v2_refuses_an_empty_cpus
     assert (_tree(daemon) / "idle.slice/cpuset.cpus").read_text().strip() == ""
     assert fake.refused == []  # nothing for systemd to fail at and log
     assert not daemon.problems
+
+
+def _slice_told(machines: Machines, tmp_path: Path) -> tuple[Daemon, FakeSystemd, list[bool]]:
+    """numad.slice/pod.slice, a slice unit isolated and told the shared pool; each call
+    to systemd from now on notes whether the daemon's lock was held."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {"pod.slice": "/numad.slice/pod.slice"})
+    daemon.isolation.systemd = fake
+    scratch_mkdir(_tree(daemon), "numad.slice/pod.slice")
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus["pod.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    locked: list[bool] = []
+    answer = fake.set_allowed
+
+    def watched(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        locked.append(daemon.held.lock._depth > 0)  # held by anyone (only this thread runs)
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = watched  # type: ignore[method-assign]
+    scratch_mkdir(_tree(daemon), "numad.slice/pod.slice/wl")
+    return daemon, fake, locked
+
+
+def test_an_isolated_unit_above_a_new_workload_gets_its_own_setting_back_after_the_lock(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A workload admitted below a unit numad isolated (told the shared pool): the
+    unit gets its own AllowedCPUs= back after the lock, before the answer (before: one
+    D-Bus call under the lock), and the workload its CPUs once systemd has it."""
+    daemon, fake, locked = _slice_told(machines, tmp_path)
+    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
+    assert locked, "systemd was not asked before the answer"
+    assert not any(locked), "systemd was asked under the daemon's lock"
+    assert fake.allowed_cpus["pod.slice"] == CPUSet()  # its own: none
+    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
+    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+    assert not [p for p in daemon.problems if "wl" in p]
+    assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
+
+
+def test_a_workload_below_a_unit_systemd_has_not_given_back_waits_for_it(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """systemd failing: the unit above a new workload keeps the narrow AllowedCPUs=
+    numad told it, which systemd may write again at any time, so the workload's CPUs
+    wait (a health problem names the unit) and are granted once systemd has the unit's
+    own value back: the round that gave it wakes a pass."""
+    daemon, fake, locked = _slice_told(machines, tmp_path)
+    fake.broken_calls = True  # type: ignore[attr-defined]
+    answer = fake.set_allowed
+
+    def failing(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        if fake.broken_calls:  # type: ignore[attr-defined]
+            raise SystemdError(name, "no reply within 5 s (injected)")
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = failing  # type: ignore[method-assign]
+    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
+    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
+    assert not _cpus(daemon, "numad.slice/pod.slice/wl") & wl
+    waiting = [p for p in daemon.problems if p.startswith("numad.slice/pod.slice/wl:")]
+    assert any("pod.slice" in p and "AllowedCPUs=" in p for p in waiting), daemon.problems
+    daemon.reconcile()  # systemd still failing: the pass does not grant either
+    assert not _cpus(daemon, "numad.slice/pod.slice/wl") & wl
+    fake.broken_calls = False  # type: ignore[attr-defined]
+    assert daemon.isolation.send(), "the give-back must wake a pass"
+    assert locked, "systemd was not asked"
+    assert not any(locked), "systemd was asked under the daemon's lock"
+    daemon.reconcile()
+    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+    assert fake.allowed_cpus["pod.slice"] == CPUSet()
+    assert not [p for p in daemon.problems if "wl" in p]

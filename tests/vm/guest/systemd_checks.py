@@ -1025,9 +1025,12 @@ def partitioned(booked: CPUSet) -> None:
 
 
 SLICES = ("numad.slice", "system.slice")
-# 10,000 strays only in a guest of 1.5 GiB (the 4-node one): the 768 MiB 2-node guest
-# never finished with them (its checks stopped there, nothing on the console). Likely
-# memory: each stray in numad.slice also gets a memory cgroup, which systemd enables.
+# 10,000 strays only in a guest of 1.5 GiB (the 4-node one). The 768 MiB 2-node guest
+# runs out of memory with them, the kernel's own: each stray in numad.slice gets the
+# cpuset, memory and pids controllers systemd enables there, about 43 KiB of unreclaimable
+# slab and per-CPU memory each (measured 2026-12-04, 6.12: MemAvailable 389 MB -> 0 at
+# 9,204 cgroups, while numad's RSS stayed 41-50 MB; the guest then thrashed and
+# numad.service failed to start again).
 MANY_STRAYS_FROM_KIB = 1_400_000
 
 
