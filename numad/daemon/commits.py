@@ -145,14 +145,17 @@ class Commits:
         and what waited on them written. The daemon's lock is not held meanwhile; the
         unit loop does the same for a pass, and for any other change."""
         units, mine = self.isolation.workloads, self.held.cgroups_of(changed)
-        waits = any(self.health.has(f"grant:{p}") for p in mine)
         record = self.isolation.record
         if record is not None and any(record.above(p) for p in mine):
             self.isolation.send()  # a unit above them gets its own back first
-        elif not units.owed() or (changed.unit is None and not waits):
+            self._enforce_after(changed)
+        waits = any(self.health.has(f"grant:{p}") for p in mine)
+        if not units.owed() or (changed.unit is None and not waits):
             return
-        else:
-            units.send()
+        units.send()
+        self._enforce_after(changed)
+
+    def _enforce_after(self, changed: WorkloadSpec) -> None:
         with self.held.lock:
             if not self.held.stopped:
                 self.after_commit(lambda: self.enforce(changed=changed))

@@ -574,19 +574,31 @@ def _slice_told(machines: Machines, tmp_path: Path) -> tuple[Daemon, FakeSystemd
     return daemon, fake, locked
 
 
+@pytest.mark.parametrize("unit", [False, True])
 def test_an_isolated_unit_above_a_new_workload_gets_its_own_setting_back_after_the_lock(
-    machines: Machines, tmp_path: Path
+    machines: Machines, tmp_path: Path, unit: bool
 ) -> None:
     """A workload admitted below a unit numad isolated (told the shared pool): the
     unit gets its own AllowedCPUs= back after the lock, before the answer (before: one
-    D-Bus call under the lock), and the workload its CPUs once systemd has it."""
+    D-Bus call under the lock), and the workload its CPUs once systemd has it; one
+    that is a unit itself has them from systemd, before the answer too."""
     daemon, fake, locked = _slice_told(machines, tmp_path)
-    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
+    path = "numad.slice/pod.slice/wl"
+    if unit:
+        path += ".service"
+        fake.units["wl.service"] = "/" + path
+        fake.allowed_cpus["wl.service"], fake.allowed_mems["wl.service"] = CPUSet(), NodeSet()
+        fake.start("wl.service")
+        _admit(daemon, {"name": "wl", "unit": "wl.service", "cpus": 4})
+    else:
+        _admit(daemon, {"name": "wl", "cgroup": path, "cpus": 4})
     assert locked, "systemd was not asked before the answer"
     assert not any(locked), "systemd was asked under the daemon's lock"
     assert fake.allowed_cpus["pod.slice"] == CPUSet()  # its own: none
     wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
-    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+    assert _cpus(daemon, path) == wl
+    if unit:
+        assert fake.allowed_cpus["wl.service"] == wl
     assert not [p for p in daemon.problems if "wl" in p]
     assert json.loads((daemon.state_dir / "units.json").read_text())["units"] == {}
 
