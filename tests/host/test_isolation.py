@@ -275,6 +275,32 @@ def _tell_systemd(daemon: Daemon) -> None:
     daemon.isolation.send()
 
 
+def _unit_told(machines: Machines, tmp_path: Path, name: str) -> tuple[Daemon, FakeSystemd]:
+    """The unit ``name`` in numad.slice, isolated and told the shared pool."""
+    daemon = _host_tree(machines, tmp_path)
+    fake = FakeSystemd(_tree(daemon), {name: f"/numad.slice/{name}"})
+    daemon.isolation.systemd = fake
+    scratch_mkdir(_tree(daemon), f"numad.slice/{name}")
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _tell_systemd(daemon)
+    assert fake.allowed_cpus[name] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    return daemon, fake
+
+
+def _calls_under_lock(daemon: Daemon, fake: FakeSystemd) -> list[bool]:
+    """Whether the daemon's lock was held, for each call to systemd from now on."""
+    locked: list[bool] = []
+    answer = fake.set_allowed
+
+    def watched(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        locked.append(daemon.held.lock._depth > 0)  # held by anyone (only this thread runs)
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = watched  # type: ignore[method-assign]
+    return locked
+
+
 def test_units_systemd_owns_are_isolated_through_systemd(
     machines: Machines, tmp_path: Path
 ) -> None:
@@ -348,14 +374,7 @@ def test_at_stop_each_unit_gets_its_own_setting_back_after_the_lock(
     lock, and the units their own AllowedCPUs= from the stop's last round, after it
     (before: one D-Bus call per unit under the lock)."""
     daemon, fake, own = _system_slice_told(machines, tmp_path)
-    locked: list[bool] = []
-    answer = fake.set_allowed
-
-    def watched(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
-        locked.append(daemon.held.lock._depth > 0)  # held by anyone (only this thread runs)
-        answer(name, cpus, mems, **kw)
-
-    fake.set_allowed = watched  # type: ignore[method-assign]
+    locked = _calls_under_lock(daemon, fake)
     daemon.stop()
     assert locked == [False], "systemd was asked under the daemon's lock"
     assert fake.allowed_cpus["system.slice"] == own
@@ -391,14 +410,7 @@ def test_an_isolated_unit_that_ended_is_forgotten_without_a_warning(
     it (seen in the VM: a podman scope, a systemd-run service): its reset is refused
     (no such unit), and numad forgets it; nothing of numad's is left to give back, so
     that is no warning."""
-    daemon = _host_tree(machines, tmp_path)
-    fake = FakeSystemd(_tree(daemon), {"late.service": "/numad.slice/late.service"})
-    daemon.isolation.systemd = fake
-    scratch_mkdir(_tree(daemon), "numad.slice/late.service")
-    daemon.reconcile()
-    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
-    _tell_systemd(daemon)
-    assert fake.allowed_cpus["late.service"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    daemon, fake = _unit_told(machines, tmp_path, "late.service")
     fake.stop("late.service", unload=True)
     del fake.units["late.service"]  # transient: no unit file to load it again from
     shutil.rmtree(_tree(daemon) / "numad.slice/late.service")
@@ -554,22 +566,8 @@ def test_a_cgroup_with_tasks_gets_every_cpu_back_though_v2_refuses_an_empty_cpus
 def _slice_told(machines: Machines, tmp_path: Path) -> tuple[Daemon, FakeSystemd, list[bool]]:
     """numad.slice/pod.slice, a slice unit isolated and told the shared pool; each call
     to systemd from now on notes whether the daemon's lock was held."""
-    daemon = _host_tree(machines, tmp_path)
-    fake = FakeSystemd(_tree(daemon), {"pod.slice": "/numad.slice/pod.slice"})
-    daemon.isolation.systemd = fake
-    scratch_mkdir(_tree(daemon), "numad.slice/pod.slice")
-    daemon.reconcile()
-    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
-    _tell_systemd(daemon)
-    assert fake.allowed_cpus["pod.slice"] == CPUSet.from_bits(daemon.books.cpu.shared_pool)
-    locked: list[bool] = []
-    answer = fake.set_allowed
-
-    def watched(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
-        locked.append(daemon.held.lock._depth > 0)  # held by anyone (only this thread runs)
-        answer(name, cpus, mems, **kw)
-
-    fake.set_allowed = watched  # type: ignore[method-assign]
+    daemon, fake = _unit_told(machines, tmp_path, "pod.slice")
+    locked = _calls_under_lock(daemon, fake)
     scratch_mkdir(_tree(daemon), "numad.slice/pod.slice/wl")
     return daemon, fake, locked
 
