@@ -146,8 +146,12 @@ class Commits:
         unit loop does the same for a pass, and for any other change."""
         units, mine = self.isolation.workloads, self.held.cgroups_of(changed)
         record = self.isolation.record
-        if record is not None and any(record.above(p) for p in mine):
-            self.isolation.send()  # a unit above them gets its own back first
+        # A unit above them gets its own back first (one the unit loop gave back since
+        # left their write deferred: ``write:`` says so until it is made).
+        if record is not None and any(
+            record.above(p) or self.health.has(f"write:{p}") for p in mine
+        ):
+            self.isolation.send()
             self._enforce_after(changed)
         waits = any(self.health.has(f"grant:{p}") for p in mine)
         if not units.owed() or (changed.unit is None and not waits):

@@ -196,11 +196,8 @@ class UnitRecord:
             returning = sorted(self.returning)
         settled = False
         for path in returning:
-            with self.lock:
-                awaited = path in self.awaited
             try:
                 self.give_back(path, self.online)
-                settled |= awaited
             except NumadError as err:
                 name = self.told[path]["unit"]
                 gone = False
@@ -211,6 +208,10 @@ class UnitRecord:
                     self.log.info("unit_reset_skipped", unit=name, why="systemd has no such unit")
                 else:
                     self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
+            with self.lock:  # given back (or gone): what waited below is written now
+                if path not in self.returning:
+                    settled |= path in self.awaited
+                    self.awaited.discard(path)
         for path, cpus in batch:
             try:
                 unit = self._resolve(path)
@@ -320,7 +321,6 @@ class UnitRecord:
         with self.lock:
             del self.told[path]
             self.returning.discard(path)
-            self.awaited.discard(path)
             self.wanted.pop(path, None)
             self.sending.pop(path, None)
         self._save()

@@ -633,3 +633,60 @@ def test_a_workload_below_a_unit_systemd_has_not_given_back_waits_for_it(
     assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
     assert fake.allowed_cpus["pod.slice"] == CPUSet()
     assert not [p for p in daemon.problems if "wl" in p]
+
+
+def test_a_workload_whose_parent_the_unit_loop_gave_back_meanwhile_is_written_by_the_answer(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The race: the write below the slice is deferred, then the unit loop gives the
+    slice back before the admission's own round asks about it. The answer still comes
+    with the workload on its CPUs (the deferral is remembered as a ``write:`` problem),
+    and the loop's round says a pass is due."""
+    daemon, fake, _ = _slice_told(machines, tmp_path)
+    record = daemon.isolation.record
+    assert record is not None
+    ask, rounds = record.above, list[bool]()
+
+    def above(path: str, *, wait: bool = False) -> str | None:
+        found = ask(path, wait=wait)
+        if wait and found and not rounds:  # the loop, in its own thread, at this moment
+            loop = threading.Thread(target=lambda: rounds.append(daemon.isolation.send()))
+            loop.start()
+            loop.join(60)
+        return found
+
+    record.above = above  # type: ignore[method-assign]
+    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
+    assert rounds == [True], "the loop's give-back must wake a pass"
+    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
+    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+    assert fake.allowed_cpus["pod.slice"] == CPUSet()
+    assert not [p for p in daemon.problems if "wl" in p]
+
+
+def test_a_write_deferred_while_the_loop_gives_the_unit_back_still_wakes_a_pass(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The other order: the workload's cgroup appears (a pass defers its write) while
+    the unit loop is in the middle of giving the slice back. The round must still say
+    a pass is due, or the workload waits a whole reconcile period."""
+    daemon, fake, _ = _slice_told(machines, tmp_path)
+    shutil.rmtree(_tree(daemon) / "numad.slice/pod.slice/wl")  # made later, by its runtime
+    failing, answer = [True], fake.set_allowed
+
+    def systemd(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        if failing[0]:
+            raise SystemdError(name, "no reply within 5 s (injected)")
+        if name == "pod.slice" and not (_tree(daemon) / "numad.slice/pod.slice/wl").exists():
+            scratch_mkdir(_tree(daemon), "numad.slice/pod.slice/wl")
+            daemon.reconcile()  # another thread's pass, while this call is under way
+            assert any("above it" in p for p in daemon.problems), daemon.problems
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = systemd  # type: ignore[method-assign]
+    _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
+    failing[0] = False
+    assert daemon.isolation.send(), "the round that gave pod.slice back must wake a pass"
+    daemon.reconcile()
+    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
+    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
