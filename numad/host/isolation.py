@@ -118,6 +118,9 @@ class Isolation:
             stopping=self.stopping,
             pending=self.pending,
         )
+        if self.record.adopt(self.originals):  # a numad before 2026-12 told units itself
+            with contextlib.suppress(CheckpointError):  # units.json has them; saved later
+                self._save()
 
     def owed(self) -> bool:
         """Whether systemd is owed a value (``send`` has work)."""
@@ -321,9 +324,8 @@ class Isolation:
             self._save()
         except CheckpointError as err:
             del self.originals[path]
-            raise CgroupError(path, f"cannot keep its own cpuset before changing it: {err}") from (
-                err
-            )
+            problem = f"cannot keep its own cpuset before changing it: {err}"
+            raise CgroupError(path, problem) from err
 
     def _original(self, path: str) -> dict[str, str]:
         """The cgroup's own setting now: its cpuset file (a unit's own AllowedCPUs=

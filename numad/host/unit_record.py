@@ -147,6 +147,29 @@ class UnitRecord:
             if key.startswith("unit:") and key[len("unit:") :] not in paths:
                 self.problems.clear(key)
 
+    def adopt(self, originals: dict[str, dict[str, str]]) -> bool:
+        """Units a numad before 2026-12 told itself (``"via": "systemd"`` in the isolation
+        record) become this record's, so the sender gives them back off the lock; each
+        entry there becomes its cgroup file's (the same value). True when any did (the
+        caller saves its record); one that cannot be kept here stays as it was."""
+        legacy = {p: o for p, o in originals.items() if o.get("via") == "systemd"}
+        if not legacy or any("unit" not in o for o in legacy.values()):
+            return False
+        with self.lock:
+            was = dict(self.told)
+            for path, own in legacy.items():
+                self.told.setdefault(path, {"unit": own["unit"], "cpus": own.get("cpus", "")})
+        try:
+            self._save()
+        except CheckpointError as err:
+            with self.lock:
+                self.told = was
+            self.log.warning("unit_record_failed", problem=f"older units kept as they were: {err}")
+            return False
+        for path, own in legacy.items():
+            originals[path] = {"via": "cgroupfs", "cpus": own.get("cpus", "")}
+        return True
+
     def give_back_later(self, paths: Iterable[str], online: CPUSet) -> None:
         """Each unit its own AllowedCPUs= again, from the sender (off the daemon's lock)."""
         with self.lock:

@@ -690,3 +690,30 @@ def test_a_write_deferred_while_the_loop_gives_the_unit_back_still_wakes_a_pass(
     daemon.reconcile()
     wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
     assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+
+
+def test_a_unit_an_older_numad_told_itself_is_given_back_off_the_lock(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """numad before 2026-12 kept a unit it told in isolation.json (``"via": "systemd"``)
+    and gave it back with a D-Bus call under the daemon's lock. The record takes it over
+    at start, so the unit loop gives it back, after the lock."""
+    daemon = _host_tree(machines, tmp_path)
+    legacy = {"system.slice": {"via": "systemd", "unit": "system.slice", "cpus": "0-23"}}
+    (daemon.state_dir / "isolation.json").write_text(json.dumps({"version": 1, "cgroups": legacy}))
+    again = restarted_daemon(daemon)
+    fake = FakeSystemd(_tree(again), {"system.slice": "/system.slice"})
+    fake.allowed_cpus["system.slice"] = CPUSet.parse_list("0-3")  # what that numad told it
+    again.isolation.systemd = fake
+    told = json.loads((again.state_dir / "units.json").read_text())["units"]
+    assert told == {"system.slice": {"unit": "system.slice", "cpus": "0-23"}}
+    locked = _calls_under_lock(again, fake)
+    again.commits.config = replace(again.commits.config, isolate=False)
+    again.reconcile()
+    assert locked == [], "systemd was asked under the daemon's lock"
+    _tell_systemd(again)
+    assert locked == [False]
+    assert fake.allowed_cpus["system.slice"] == CPUSet.parse_list("0-23")
+    assert _cpus(again, "system.slice") == CPUSet.parse_list("0-23")
+    assert json.loads((again.state_dir / "units.json").read_text())["units"] == {}
+    assert json.loads((again.state_dir / "isolation.json").read_text())["cgroups"] == {}

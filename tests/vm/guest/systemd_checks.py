@@ -524,7 +524,8 @@ def memory_follows(name: str, memory: str | None) -> None:
     """A service touches 64 MiB on a node numad will not place it on; admitted, at
     least 95% of it is on its own node within 10 s, and the API answers meanwhile
     (both bounds stretched by the host's measured slowdown: a busy CI host once took
-    1.42 s for one answer during a move that passed alone)."""
+    1.42 s for one answer during a move that passed alone; the answers' bound has the
+    tier's 2x margin for load that grows after the slowdown was measured)."""
     cgroup = f"numad.slice/{name}.service"
     spec: dict[str, Any] = {"name": name, "cgroup": cgroup, "cpus": 1}
     if memory:
@@ -572,7 +573,10 @@ def memory_follows(name: str, memory: str | None) -> None:
     assert share >= 0.95, (f"{share:.0%} on {target} after {took:.1f} s", now, shown["memory"])
     assert shown["memory"]["locality"] >= 0.95, shown["memory"]
     assert shown["memory"]["moves"], shown["memory"]
-    assert max(during, default=0) <= max(SLOWDOWN, 3 * max(baseline)), (baseline, during)
+    # 2x, as the tier's deadlines: load that grows mid-tier (a fresh-clone CI run with
+    # another test beside it: 1.40 s against 1.29 s, in a move that took 8.4 s).
+    bound = 2 * max(SLOWDOWN, 3 * max(baseline))
+    assert max(during, default=0) <= bound, (bound, baseline, during)
     systemctl("stop", f"{name}.service")
 
 
