@@ -572,6 +572,15 @@ def _slice_told(machines: Machines, tmp_path: Path) -> tuple[Daemon, FakeSystemd
     return daemon, fake, locked
 
 
+def _granted_below_the_slice(daemon: Daemon, fake: FakeSystemd) -> None:
+    """wl holds its exclusive CPUs, pod.slice its own AllowedCPUs= (none), and no
+    problem names wl."""
+    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
+    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
+    assert fake.allowed_cpus["pod.slice"] == CPUSet()
+    assert not [p for p in daemon.problems if "wl" in p]
+
+
 @pytest.mark.parametrize("unit", [False, True])
 def test_an_isolated_unit_above_a_new_workload_gets_its_own_setting_back_after_the_lock(
     machines: Machines, tmp_path: Path, unit: bool
@@ -630,9 +639,7 @@ def test_a_workload_below_a_unit_systemd_has_not_given_back_waits_for_it(
     assert locked, "systemd was not asked"
     assert not any(locked), "systemd was asked under the daemon's lock"
     daemon.reconcile()
-    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
-    assert fake.allowed_cpus["pod.slice"] == CPUSet()
-    assert not [p for p in daemon.problems if "wl" in p]
+    _granted_below_the_slice(daemon, fake)
 
 
 def test_a_workload_whose_parent_the_unit_loop_gave_back_meanwhile_is_written_by_the_answer(
@@ -658,10 +665,7 @@ def test_a_workload_whose_parent_the_unit_loop_gave_back_meanwhile_is_written_by
     record.above = above  # type: ignore[method-assign]
     _admit(daemon, {"name": "wl", "cgroup": "numad.slice/pod.slice/wl", "cpus": 4})
     assert rounds == [True], "the loop's give-back must wake a pass"
-    wl = CPUSet.from_bits(daemon.books.cpu.assignments[("wl", "main")])
-    assert _cpus(daemon, "numad.slice/pod.slice/wl") == wl
-    assert fake.allowed_cpus["pod.slice"] == CPUSet()
-    assert not [p for p in daemon.problems if "wl" in p]
+    _granted_below_the_slice(daemon, fake)
 
 
 def test_a_write_deferred_while_the_loop_gives_the_unit_back_still_wakes_a_pass(
