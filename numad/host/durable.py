@@ -4,7 +4,8 @@ Edge module. ``write_file`` replaces a file atomically: a temp file in the same
 directory (``O_EXCL|O_NOFOLLOW``), every byte written and fsynced, rename over
 the old file, fsync of the directory; on any failure it raises CheckpointError
 naming the step and leaves the previous file as it was (or puts it back).
-``Syscalls`` is the fault-injection seam. Used for the checkpoint
+Writes of one file from several threads take turns (its temp and previous names
+are per process). ``Syscalls`` is the fault-injection seam. Used for the checkpoint
 (``numad.daemon.state``) and for what host isolation must give back (``numad.host.isolation``).
 """
 
@@ -15,6 +16,7 @@ import errno
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from numad.errors import CheckpointError
 from numad.hostfs import read_regular
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_TURNS: dict[Path, threading.Lock] = {}  # target -> the lock its writers take turns by
+_TURNS_LOCK = threading.Lock()
 
 
 # -- the system calls a write makes, and the faults they can be made to meet -------------
@@ -135,7 +139,14 @@ def write_file(
     fsync the directory. On any failure CheckpointError names the step and its
     cause, the temp file is removed and the previous file (``what``, default its
     name) stays (or is put back) as it was."""
-    what = what or name
+    target = directory / name
+    with _TURNS_LOCK:
+        turn = _TURNS.setdefault(target, threading.Lock())
+    with turn:  # one writer of the file at a time: they share its temp and previous names
+        _replace(directory, name, data, syscalls, what or name)
+
+
+def _replace(directory: Path, name: str, data: bytes, syscalls: Syscalls, what: str) -> None:
     target = directory / name
     temp = directory / f".{name}.{os.getpid()}.tmp"
     previous = directory / f".{name}.prev"  # a second name for it until the rename is durable

@@ -26,7 +26,6 @@ and systemd it is given.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -36,15 +35,14 @@ from typing import Any
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
-from numad.host.durable import read_json, write_file
+from numad.host import isolation_file
+from numad.host.systemd_units import Units
 from numad.host.targets import Cgroups, Deferred, Log
-from numad.host.unit_record import UnitRecord, Units
+from numad.host.unit_record import UnitRecord
 from numad.host.workload_units import WorkloadUnits
 from numad.observe import Problems
 
 __all__ = ["Isolation", "Units"]
-
-FILE = "isolation.json"
 
 
 class Isolation:
@@ -92,7 +90,7 @@ class Isolation:
             pending=self.pending,
             problems=problems,
         )
-        self.originals, self.problem = _load(state_dir)
+        self.originals, self.left, self.problem = isolation_file.load(state_dir)
         self.systemd = systemd  # builds the record
 
     @property
@@ -113,6 +111,7 @@ class Isolation:
             self.log,
             lambda path: self._backend(path).read(path)[0],
             empty=self._empty,
+            exists=self._exists,
             problems=self.problems,
             sleep=self.sleep,
             stopping=self.stopping,
@@ -187,11 +186,14 @@ class Isolation:
                 dropped.append(path)
         for path in dropped:
             del self.originals[path]
+        removed = [p for p in self.left if p not in paths and not self._exists(p)]
+        for path in removed:  # cost: per cgroup left on every CPU (rare), not per stray
+            del self.left[path]
         self.isolated = set(paths)
         if self.record is not None:
             self.record.keep_only(paths, owned)
         kept = self._keep_originals(sorted(paths - set(self.originals)))
-        if dropped or kept:
+        if dropped or kept or removed:
             try:
                 self._save()
             except CheckpointError as err:  # each is kept (or refused) at its first write
@@ -331,6 +333,8 @@ class Isolation:
         """The cgroup's own setting now: its cpuset file (a unit's own AllowedCPUs=
         is kept by the record, before it is first told another)."""
         own = self._backend(path).read(path)[0]
+        if self.left.pop(path, None) == own.format_list():  # numad's every CPU: not its own
+            own = CPUSet()
         return {"via": "cgroupfs", "cpus": own.format_list()}
 
     def _give_back(self, path: str) -> str | None:
@@ -351,8 +355,8 @@ class Isolation:
                     self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
             elif self._backend(path).exists(path) and not (not cpus and self._inherits(path)):
                 self._backend(path).write(path, every, None)
-                if not cpus and not self.v1:  # inherit again where the kernel allows it
-                    self._empty(path)
+                if not cpus and not self.v1 and not self._empty(path):  # tasks: ENOSPC
+                    self.left[path] = every.format_list()  # still none of its own
         except NumadError as err:
             return f"{path}: cannot give its cpuset back: {err}"
         self.log.info("cgroup_isolation_ended", cgroup=path, cpus=own.get("cpus") or "all")
@@ -374,8 +378,7 @@ class Isolation:
         return True
 
     def _save(self) -> None:
-        data = json.dumps({"version": 1, "cgroups": self.originals}, sort_keys=True).encode()
-        write_file(self.state_dir, FILE, data, what="isolation record")
+        isolation_file.save(self.state_dir, self.originals, self.left)
 
     def restore(self, keep: Collection[str] = ()) -> list[str]:
         """Give every isolated cgroup but ``keep`` its own setting back; returns the
@@ -402,19 +405,3 @@ class Isolation:
                 )
         self.isolated = set(keep)
         return problems
-
-
-def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
-    """The record a previous numad left (it stopped without giving everything back),
-    or nothing and why it could not be read (numad goes on; the user must look)."""
-    raw, problem = read_json(state_dir, FILE)
-    try:
-        if raw is None:
-            return {}, problem and f"{problem}. The cpusets it lists were numad's to give back"
-        cgroups = raw["cgroups"]
-        found = {str(p): {str(k): str(v) for k, v in own.items()} for p, own in cgroups.items()}
-        for own in found.values():
-            CPUSet.parse_list(own.get("cpus", ""))
-    except (TypeError, KeyError, AttributeError, NumadError) as err:
-        return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); restore by hand"
-    return found, None

@@ -183,6 +183,11 @@ class Systemd:
         """The unit's cgroup (``/system.slice/foo.service``); None when it has none."""
         return str(self._property(name, "ControlGroup", "s")) or None
 
+    def transient(self, name: str) -> bool:
+        """Whether the unit is transient (``systemd-run``, a scope): its runtime
+        settings go with it when systemd unloads it; any other's stay in /run."""
+        return bool(self._property(name, "Transient", "b", f"{_SYSTEMD}.Unit"))
+
     def load(self, name: str) -> str:
         """The unit's object path, loading its file if need be (LoadUnit); a unit with
         no file and no runtime state raises."""
@@ -241,9 +246,10 @@ class Systemd:
             return False
         return True
 
-    def _property(self, name: str, key: str, signature: str) -> Any:
-        """The value of property ``key`` of the unit, checked to have ``signature``."""
-        interface = _cgroup_interface(name)
+    def _property(self, name: str, key: str, signature: str, interface: str = "") -> Any:
+        """The value of property ``key`` of the unit, checked to have ``signature``;
+        ``interface`` by default its type's (where the cgroup settings are)."""
+        interface = interface or _cgroup_interface(name)
         path = self.unit(name)
         if path is None:
             raise SystemdError(name, f"cannot read {key}: systemd has no such unit loaded")

@@ -19,7 +19,14 @@ A unit that had none gets every online CPU first, then its property reset, only
 where the kernel lets its cgroup's ``cpuset.cpus`` become empty again: cgroup v2
 refuses that to a cgroup with tasks (ENOSPC), and so does systemd's reset, which
 it logs as a failure on every stop. There the unit keeps ``AllowedCPUs=`` every
-online CPU, which is what its cgroup holds (until the next boot: runtime only).
+online CPU, which is what its cgroup holds (until the next boot: runtime only), and
+its record stays: when it is isolated again, its own is still none, not numad's
+every CPU.
+
+Nothing is sent to a unit whose cgroup is gone (it stopped): systemd would load the
+unit for the call, and for a slice make its cgroup again. A transient unit's
+settings go with it; any other keeps numad's value in /run, so its record stays and
+it gets its own back when it runs again (``resting``).
 Cost: per isolated unit whose value changed; nothing per cgroup under a managed root
 that is not a unit.
 """
@@ -32,50 +39,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
 
-from numad.cpuset import CPUSet, NodeSet
+from numad.cpuset import CPUSet
 from numad.errors import CgroupError, CheckpointError, NumadError
 from numad.host.durable import read_json, write_file
+from numad.host.systemd_units import APPLY_SECONDS, Units, settle
 from numad.host.targets import Log
 from numad.observe import Problems
 
 FILE = "units.json"
 UNIT_SUFFIXES = (".slice", ".scope", ".service", ".socket", ".mount", ".swap")
-APPLY_SECONDS = 5.0  # how long systemd may take to write a property it accepted
-
-
-def settle(
-    done: Callable[[], bool],
-    sleep: Callable[[float], None],
-    seconds: float,
-    stopping: threading.Event,
-) -> bool:
-    """Ask ``done`` until it says yes, 5 ms apart at first and up to 200 ms; False once
-    ``seconds`` have passed (systemd writes a property after it answers), or at once
-    when numad stops."""
-    deadline = time.monotonic() + seconds
-    delay = 0.005
-    while not done():
-        if time.monotonic() >= deadline or stopping.is_set():
-            return False
-        sleep(delay)
-        delay = min(delay * 2, 0.2)
-    return True
-
-
-class Units(Protocol):
-    """What isolation needs of systemd (``numad.host.systemd_bus.Systemd``)."""
-
-    def unit(self, name: str) -> str | None: ...
-    def control_group(self, name: str) -> str | None: ...
-    def allowed(self, name: str) -> tuple[CPUSet, NodeSet]: ...
-    def set_allowed(
-        self, name: str, cpus: CPUSet | None, mems: NodeSet | None, *, runtime: bool = True
-    ) -> None: ...
-    def load(self, name: str) -> str: ...
-    def hurry(self, seconds: float) -> None: ...
-    def slice(self, name: str) -> str: ...
 
 
 class UnitRecord:
@@ -91,6 +64,7 @@ class UnitRecord:
         read: Callable[[str], CPUSet],
         *,
         empty: Callable[[str], bool] = lambda path: True,
+        exists: Callable[[str], bool] = lambda path: True,
         problems: Problems | None = None,
         sleep: Callable[[float], None] = time.sleep,
         stopping: threading.Event | None = None,
@@ -102,15 +76,18 @@ class UnitRecord:
         self.log = log
         self.read = read  # a cgroup's cpuset.cpus as the kernel holds it
         self.empty = empty  # empties a cgroup's cpuset.cpus; False: the kernel refused
+        self.exists = exists  # whether a cgroup is there: its unit runs
         self.sleep = sleep
         self.lock = threading.Lock()  # the daemon's side and the sender's, briefly
         self.round = threading.RLock()  # held for a whole round, and for a give-back
+        self.saving = threading.Lock()  # one save at a time, the newest record last
         self.wanted: dict[str, CPUSet] = {}  # path -> the value systemd should hold
         self.sending: dict[str, CPUSet] = {}  # path -> values systemd may still write
         self.units: dict[str, str | None] = {}  # path -> its unit, or None: not systemd's
         self.problems = problems or Problems()  # "unit:PATH": why systemd lacks its value
         self.returning: set[str] = set()  # told, and isolated no more: give back
         self.awaited: set[str] = set()  # returning, a write below waits on it: a pass after
+        self.resting: set[str] = set()  # told, not given back till it runs (or is isolated)
         self.online = CPUSet()  # every CPU: first, for a unit given back that had none
         self.pending = pending or threading.Event()  # set by want(): the sender has work
         self.told, problem = _load(state_dir)  # path -> {"unit", "cpus"}: the unit's own
@@ -136,7 +113,8 @@ class UnitRecord:
             mine = [p for p in self.told if p not in paths and p in owned]
             for path in mine:
                 del self.told[path]
-            self.returning = {p for p in self.told if p not in paths}
+            self.resting = {p for p in self.resting if p in self.told and p not in paths}
+            self.returning = {p for p in self.told if p not in paths and p not in self.resting}
             self.units = {p: u for p, u in self.units.items() if p in paths or p in self.told}
         if mine:
             try:  # one small file
@@ -177,6 +155,7 @@ class UnitRecord:
             for path in paths:
                 if path in self.told:
                     self.returning.add(path)
+                    self.resting.discard(path)
                     self.wanted.pop(path, None)
         self.pending.set()
 
@@ -236,12 +215,19 @@ class UnitRecord:
                     settled |= path in self.awaited
                     self.awaited.discard(path)
         for path, cpus in batch:
+            if not self.exists(path):  # stopped: a call would load it (a slice: its cgroup)
+                with self.lock:
+                    self.units.pop(path, None)
+                    if self.wanted.get(path) == cpus:
+                        del self.wanted[path]
+                continue
             try:
                 unit = self._resolve(path)
                 if unit is not None:
                     self._keep_own(path, unit)
                     settled |= self._send(path, unit, cpus)
             except NumadError as err:
+                self._unload(path)
                 self.problems.set(f"unit:{path}", f"{path}: systemd lacks its cpuset yet: {err}")
                 self.log.warning("unit_record_failed", cgroup=path, problem=str(err))
                 continue
@@ -264,13 +250,24 @@ class UnitRecord:
             self.units[path] = owned
         return owned
 
+    def _unload(self, path: str) -> None:
+        """A call for ``path`` failed: if systemd has its unit no more, the next round
+        asks again which unit owns it (a cgroup left behind has none)."""
+        with self.lock:
+            unit = self.units.get(path)
+        with contextlib.suppress(NumadError):
+            if unit is not None and self.systemd.unit(unit) is None:
+                with self.lock:
+                    self.units.pop(path, None)
+
     def _keep_own(self, path: str, unit: str) -> None:
         """The unit's own AllowedCPUs=, durably, before numad first changes it."""
         if path in self.told:
             return
         own = self.systemd.allowed(unit)[0]
+        transient = "yes" if self.systemd.transient(unit) else "no"
         with self.lock:
-            self.told[path] = {"unit": unit, "cpus": own.format_list()}
+            self.told[path] = {"unit": unit, "cpus": own.format_list(), "transient": transient}
         try:
             self._save()
         except CheckpointError:
@@ -330,28 +327,48 @@ class UnitRecord:
         own = self.told.get(path)
         if own is None:
             return
+        if not self.exists(path):  # not running: a call would load it (a slice: its cgroup)
+            if own.get("transient", "yes") == "yes":  # its settings went with it
+                self.log.info("unit_reset_skipped", unit=own["unit"], why="it ended")
+                self._forget(path)
+            else:
+                self.log.info("unit_reset_deferred", unit=own["unit"], why="not running")
+                self._rest(path)
+            return
         cpus = CPUSet.parse_list(own["cpus"])
         if not cpus and online:
             self.systemd.set_allowed(own["unit"], online, None, runtime=True)
             if not self.empty(path):  # tasks in it: systemd's reset would fail too
                 self.log.info("unit_left_on_every_cpu", unit=own["unit"], cpus=str(online))
-                self._forget(path)
+                self._rest(path)  # its own is still none, whatever it holds now
                 return
         self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
         self._forget(path)
 
-    def _forget(self, path: str) -> None:
+    def _rest(self, path: str) -> None:
+        """Kept, not given back until it is asked again (``give_back_later``)."""
         with self.lock:
-            del self.told[path]
+            self.resting.add(path)
             self.returning.discard(path)
             self.wanted.pop(path, None)
             self.sending.pop(path, None)
+
+    def _forget(self, path: str) -> None:
+        with self.lock:
+            del self.told[path]
+            self.resting.discard(path)
+            self.returning.discard(path)
+            self.wanted.pop(path, None)
+            self.sending.pop(path, None)
+            self.units.pop(path, None)
         self._save()
 
     def _save(self) -> None:
-        with self.lock:
-            told = dict(self.told)
-        write_file(self.state_dir, FILE, _dump(told), what="unit record")
+        """The record as it is now; saves from two threads write the newer last."""
+        with self.saving:
+            with self.lock:
+                told = dict(self.told)
+            write_file(self.state_dir, FILE, _dump(told), what="unit record")
 
 
 def _dump(told: dict[str, dict[str, str]]) -> bytes:
@@ -363,12 +380,16 @@ def _load(state_dir: Path) -> tuple[dict[str, dict[str, str]], str | None]:
     try:
         if raw is None:
             return {}, problem and f"{problem}. The units it lists had AllowedCPUs= from numad"
-        found = {
-            str(p): {"unit": str(own["unit"]), "cpus": str(own["cpus"])}
-            for p, own in raw["units"].items()
-        }
+        found = {str(p): _entry(own) for p, own in raw["units"].items()}
         for own in found.values():
             CPUSet.parse_list(own["cpus"])
     except (TypeError, KeyError, AttributeError, NumadError) as err:
         return {}, f"{state_dir / FILE}: not a record numad wrote ({err}); reset by hand"
     return found, None
+
+
+def _entry(own: dict[str, object]) -> dict[str, str]:
+    entry = {"unit": str(own["unit"]), "cpus": str(own["cpus"])}
+    if "transient" in own:  # recorded since 2026-12-05; before, taken as transient
+        entry["transient"] = str(own["transient"])
+    return entry

@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
+from numad.host.systemd_units import APPLY_SECONDS, Units, settle
 from numad.host.targets import Deferred, Log, Target
-from numad.host.unit_record import APPLY_SECONDS, Units, settle
 from numad.observe import Problems
 
 

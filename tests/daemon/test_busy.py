@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from numad.daemon.holdings import TimedLock
-from numad.host import durable, isolation
+from numad.host import durable, isolation_file
 from numad.host.cgroup.path import MAX_DEPTH
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
@@ -35,10 +35,10 @@ def test_new_strays_cost_one_isolation_record_write_per_pass(
         writes.append(str(args[1]))
         real(*args, **kwargs)
 
-    monkeypatch.setattr(isolation, "write_file", counted)
+    monkeypatch.setattr(isolation_file, "write_file", counted)
     daemon.reconcile()
-    assert writes == [isolation.FILE]
-    record = json.loads((daemon.state_dir / isolation.FILE).read_text())
+    assert writes == [isolation_file.FILE]
+    record = json.loads((daemon.state_dir / isolation_file.FILE).read_text())
     assert {f"numad.slice/stray{i}" for i in range(300)} <= set(record["cgroups"])
     writes.clear()
     daemon.reconcile()  # nothing new: nothing written

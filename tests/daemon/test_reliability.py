@@ -644,6 +644,10 @@ class _StuckSystemd:
     def control_group(self, name: str) -> str | None:
         return self.control_groups.get(name)
 
+    def transient(self, name: str) -> bool:
+        self._slow(name)
+        raise AssertionError("unreachable")
+
     def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
         self._slow(name)
         raise AssertionError("unreachable")

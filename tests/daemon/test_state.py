@@ -596,3 +596,32 @@ def test_any_signed_body_decodes_well_typed_or_is_kept_aside(body: object) -> No
             _assert_kept_aside(directory, data)
         else:
             assert why is None
+
+
+def test_two_threads_writing_one_file_take_turns(tmp_path: Path) -> None:
+    """Two writers of one file in one process (the unit record is saved from the
+    daemon's thread and the unit loop's) share its temp and previous names: the
+    second, started while the first waits on its fsync, waits its turn. Without the
+    turn it removes the first's temp file, and the first's rename fails (ENOENT)."""
+    second: list[BaseException | None] = []
+
+    def write_second() -> None:
+        try:
+            durable.write_file(tmp_path, "units.json", b"second")
+            second.append(None)
+        except CheckpointError as err:
+            second.append(err)
+
+    other = threading.Thread(target=write_second)
+
+    def fsync(fd: int) -> None:
+        if not other.is_alive() and not second:  # the first's temp file, once
+            other.start()
+            other.join(0.5)  # the whole second write, had it not to wait
+        os.fsync(fd)
+
+    durable.write_file(tmp_path, "units.json", b"first", durable.Syscalls(fsync=fsync))
+    other.join(10)
+    assert second == [None]
+    assert (tmp_path / "units.json").read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["units.json"]

@@ -13,7 +13,7 @@ import pytest
 
 from numad.cpuset import CPUSet
 from numad.daemon.root import Daemon
-from numad.host import durable, irqs, isolation
+from numad.host import durable, irqs, isolation_file
 from tests.conftest import Machines, recorded_daemon
 
 IRQS = {"1": "0-31", "9": "4", "24": "0-3", "30": "8-11"}  # irq: its own affinity
@@ -90,7 +90,7 @@ def test_a_full_state_disk_at_stop_still_gives_every_interrupt_back(
     _admit(daemon, "db", 8)
     assert _affinity(proc, "1") != CPUSet.parse_list(IRQS["1"])
     full = partial(durable.write_file, syscalls=durable.Syscalls.injecting(durable.Fault.ENOSPC))
-    monkeypatch.setattr(isolation, "write_file", full)
+    monkeypatch.setattr(isolation_file, "write_file", full)
     monkeypatch.setattr(irqs, "write_file", full)
     daemon.stop()
     for irq, own in IRQS.items():

@@ -187,7 +187,10 @@ def test_a_record_that_cannot_be_written_stops_the_change_not_numad(
 class FakeSystemd:
     """Stands in for systemd's D-Bus API, which this host does not run (the VM tier
     runs the real one): it owns the units it is given and, like systemd, writes
-    ``AllowedCPUs=`` into the unit's cgroup, or nothing when ``broken``."""
+    ``AllowedCPUs=`` into the unit's cgroup, or nothing when ``broken``. Services
+    and scopes are transient (as ``systemd-run`` makes them), slices not; like
+    systemd, setting a property of a slice that is not running makes its cgroup
+    (src/core/dbus-slice.c: its properties' commit realizes the cgroup)."""
 
     def __init__(self, tree: Path, units: dict[str, str]) -> None:
         self.units = units  # name -> control group
@@ -200,6 +203,7 @@ class FakeSystemd:
         self.stopped: set[str] = set()  # stopped, though the kernel kept the directory
         self.unloaded: set[str] = set()  # stopped and unloaded by systemd's GC
         self.refused: list[str] = []  # what systemd could not write: it logs each
+        self.made_again: list[str] = []  # slices whose cgroup a call made when not running
 
     def unit(self, name: str) -> str | None:
         known = name in self.units and name not in self.unloaded
@@ -235,7 +239,14 @@ class FakeSystemd:
     def hurry(self, seconds: float) -> None:
         self.hurried = seconds
 
+    def transient(self, name: str) -> bool:
+        if name in self.unloaded or name not in self.units:
+            raise SystemdError(name, "cannot read Transient: systemd has no such unit loaded")
+        return not name.endswith(".slice")
+
     def allowed(self, name: str) -> tuple[CPUSet, NodeSet]:
+        if name in self.unloaded:
+            raise SystemdError(name, "cannot read AllowedCPUs: systemd has no such unit loaded")
         return self.allowed_cpus[name], self.allowed_mems[name]
 
     def set_allowed(
@@ -250,6 +261,10 @@ class FakeSystemd:
             self.allowed_cpus[name] = cpus
         if mems is not None:
             self.allowed_mems[name] = mems
+        self.unloaded.discard(name)  # loaded for the call
+        if name.endswith(".slice") and not self.running(name):
+            self.made_again.append(name)
+            self.start(name)
         if not self.broken and self.running(name):
             self.apply(name, self.allowed_cpus[name], mems)
 

@@ -157,6 +157,8 @@ class FakeSystemd:
     def _get(self, message: Message) -> Message:
         interface, key = message.body
         unit = {object_path(u): u for u in self.values}[message.header.fields[HeaderFields.path]]
+        if (interface, key) == ("org.freedesktop.systemd1.Unit", "Transient"):
+            return new_method_return(message, "v", (("b", unit.endswith(".scope")),))
         if interface != f"org.freedesktop.systemd1.{INTERFACES[unit.rpartition('.')[2]]}":
             error = "org.freedesktop.DBus.Error.UnknownProperty"
             return new_error(message, error, "s", (f"{interface} has no {key}",))
@@ -260,6 +262,8 @@ def test_unit_and_control_group(systemd: Systemd) -> None:
     assert systemd.control_group("web.service") == "/system.slice/web.service"
     assert systemd.control_group("work.slice") == "/work.slice"
     assert systemd.control_group("idle.service") is None
+    assert systemd.transient("run-u7.scope") is True  # read on the Unit interface
+    assert systemd.transient("work.slice") is False
 
 
 @pytest.mark.parametrize(
@@ -268,6 +272,7 @@ def test_unit_and_control_group(systemd: Systemd) -> None:
         pytest.param(lambda s: s.set_allowed("nope.service", CPUSet([1]), None), id="set"),
         pytest.param(lambda s: s.allowed("nope.service"), id="allowed"),
         pytest.param(lambda s: s.control_group("nope.service"), id="control-group"),
+        pytest.param(lambda s: s.transient("nope.service"), id="transient"),
     ],
 )
 def test_unknown_unit_raises(systemd: Systemd, call: Callable[[Systemd], object]) -> None:

@@ -462,6 +462,57 @@ def test_a_unit_started_after_the_admissions_is_off_exclusive_cpus_at_once() -> 
     assert any("numad.slice/late-numad.service" in e.get("cgroups", []) for e in isolated), isolated
 
 
+def test_a_workload_below_a_slice_numad_isolated_has_its_cpus_at_the_answer() -> None:
+    """Issue 23: a slice numad isolated one by one (told AllowedCPUs= the shared pool)
+    that becomes the parent of a workload's unit gets its own AllowedCPUs= back, after
+    numad's lock, and the workload holds its CPUs when the admission answers: systemd
+    does not narrow the slice again under it. Its own is none; the kernel keeps a
+    cpuset with tasks below it from emptying, so it is left on every CPU. Stopped at
+    the end, the slice stays gone: numad sends nothing to a unit that does not run
+    (systemd would make a slice's cgroup again for the call)."""
+    exclusive, shared = host_sets()
+    assert exclusive, "nothing exclusive: the slice would be told every CPU"
+    slice_, side, unit = "numad-pod.slice", "pod-side.service", "pod-wl.service"
+    directory = CGROUP_ROOT / "numad.slice" / slice_
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())  # as numad's log timestamps
+    try:
+        run_transient(side.removesuffix(".service"), "sleep", "600", slice_=slice_)
+        wait_for(lambda: unit_allowed(slice_)[0] == shared, f"numad to tell {slice_} the pool")
+        run_transient(unit.removesuffix(".service"), "sleep", "600", slice_=slice_)
+        start = time.monotonic()
+        api("POST", "/v1/workloads", {"name": "pod-wl", "unit": unit, "cpus": 1})
+        answer = time.monotonic() - start
+        placed = CPUSet.parse_list(workloads()["pod-wl"]["containers"]["main"]["cpus"])
+        told, every = unit_allowed(slice_)[0], CPUSet.parse_list(cpuset("", "cpus.effective"))
+        assert told in (CPUSet(), every), (told, "the slice keeps the pool numad told it")
+        assert allowed(main_pid(unit))[0] == placed, (allowed(main_pid(unit)), placed)
+        assert not allowed(main_pid(side))[0] & placed
+        api("DELETE", "/v1/workloads/pod-wl")
+    finally:
+        systemctl("stop", unit, side, slice_, check=False)
+    stopped = time.monotonic()
+    wait_for(lambda: not directory.exists(), f"{directory} to go")
+    gone_for = 0.0
+    while time.monotonic() - stopped < 5 * SLOWDOWN:  # a pass (2 s) and a unit-loop round
+        assert not directory.exists(), f"{slice_} was made again after its stop"
+        time.sleep(0.05)
+        gone_for = time.monotonic() - stopped
+    failed = [
+        e
+        for e in events()
+        if e.get("event") == "unit_record_failed"
+        and e.get("timestamp", "") >= since
+        and slice_ in json.dumps(e)
+    ]
+    assert not failed, failed  # before: one a second, for a slice systemd had unloaded
+    figure(
+        check="workload below an isolated slice",
+        answer_s=round(answer, 3),
+        cpus=str(placed),
+        slice_gone_for_s=round(gone_for, 1),
+    )
+
+
 # -- memory follows placement ---------------------------------------------------------------
 
 MIB = 1 << 20
