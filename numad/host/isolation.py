@@ -191,7 +191,7 @@ class Isolation:
             del self.left[path]
         self.isolated = set(paths)
         if self.record is not None:
-            self.record.keep_only(paths, owned)
+            self.record.keep_only(paths, owned, self.online)
         kept = self._keep_originals(sorted(paths - set(self.originals)))
         if dropped or kept or removed:
             try:

@@ -103,12 +103,14 @@ class UnitRecord:
             self.wanted[path] = cpus
         self.pending.set()
 
-    def keep_only(self, paths: set[str], owned: set[str]) -> None:
+    def keep_only(self, paths: set[str], owned: set[str], online: CPUSet) -> None:
         """Cgroups isolated no more: nothing more to send for them. A unit that was told
         a value and is a workload's now keeps it (its record is dropped: systemd keeps
         the cpuset controller on for it, and numad places it from now on); any other
-        gets its own back from the sender (one above a workload's first: ``above``)."""
+        gets its own back from the sender (one above a workload's first: ``above``),
+        with every ``online`` CPU first where it had none."""
         with self.lock:
+            self.online = online
             self.wanted = {p: c for p, c in self.wanted.items() if p in paths}
             mine = [p for p in self.told if p not in paths and p in owned]
             for path in mine:

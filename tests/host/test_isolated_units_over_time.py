@@ -18,7 +18,7 @@ import pytest
 from numad.cpuset import CPUSet
 from numad.host import durable
 from numad.host.unit_record import FILE
-from tests.conftest import Machines
+from tests.conftest import Machines, restarted_daemon
 from tests.host.test_isolation import _admit, _cpus, _slice_told, _tell_systemd, _tree, _unit_told
 
 SLICE = "numad.slice/pod.slice"
@@ -138,3 +138,25 @@ def test_a_cgroup_whose_unit_systemd_unloaded_is_asked_about_once(
     assert "unit_record_failed" not in capsys.readouterr().out
     assert not [p for p in daemon.problems if SLICE in p]
     assert not daemon.isolation.owed()
+
+
+def test_a_unit_left_on_every_cpu_is_not_reset_by_the_next_numad(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A unit left on every CPU (tasks) stays in units.json, its own none. Seen in the
+    VM: the next numad gave it back in its first round, before it knew the online
+    CPUs, so it asked systemd to reset AllowedCPUs=, which the kernel refused
+    (ENOSPC) and systemd logged. Now the record knows them from the first pass."""
+    daemon, fake, _ = _slice_told(machines, tmp_path)
+    (_tree(daemon) / SLICE / "cgroup.procs").write_text("1\n")
+    _admit(daemon, {"name": "wl", "cgroup": f"{SLICE}/wl", "cpus": 4})
+    online = daemon.topology.online_cpus
+    assert fake.allowed_cpus["pod.slice"] == online
+    assert _told(daemon)[SLICE]["cpus"] == ""
+    again = restarted_daemon(daemon)  # as after a SIGKILL: wl is still admitted
+    again.isolation.systemd = fake
+    again.reconcile()
+    _tell_systemd(again)
+    assert fake.refused == []
+    assert fake.allowed_cpus["pod.slice"] == online
+    assert ("pod.slice", "") not in fake.calls
