@@ -218,10 +218,7 @@ class UnitRecord:
                     self.awaited.discard(path)
         for path, cpus in batch:
             if not self.exists(path):  # stopped: a call would load it (a slice: its cgroup)
-                with self.lock:
-                    self.units.pop(path, None)
-                    if self.wanted.get(path) == cpus:
-                        del self.wanted[path]
+                self._stopped(path, cpus)
                 continue
             try:
                 unit = self._resolve(path)
@@ -229,6 +226,9 @@ class UnitRecord:
                     self._keep_own(path, unit)
                     settled |= self._send(path, unit, cpus)
             except NumadError as err:
+                if not self.exists(path):  # it stopped meanwhile: nothing left to tell
+                    self._stopped(path, cpus)
+                    continue
                 self._unload(path)
                 self.problems.set(f"unit:{path}", f"{path}: systemd lacks its cpuset yet: {err}")
                 self.log.warning("unit_record_failed", cgroup=path, problem=str(err))
@@ -251,6 +251,15 @@ class UnitRecord:
         with self.lock:
             self.units[path] = owned
         return owned
+
+    def _stopped(self, path: str, cpus: CPUSet) -> None:
+        """``path``'s unit stopped: its cgroup is gone, and nothing is owed to it."""
+        with self.lock:
+            self.units.pop(path, None)
+            self.sending.pop(path, None)
+            if self.wanted.get(path) == cpus:
+                del self.wanted[path]
+        self.problems.clear(f"unit:{path}")
 
     def _unload(self, path: str) -> None:
         """A call for ``path`` failed: if systemd has its unit no more, the next round

@@ -160,3 +160,31 @@ def test_a_unit_left_on_every_cpu_is_not_reset_by_the_next_numad(
     assert fake.refused == []
     assert fake.allowed_cpus["pod.slice"] == online
     assert ("pod.slice", "") not in fake.calls
+
+
+def test_a_unit_stopped_while_systemd_writes_its_value_is_no_warning(
+    machines: Machines, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seen in the VM: a slice stopped while the unit loop waited for systemd to write
+    the pool numad sent it; reading its cgroup then failed ("the cgroup is gone"),
+    logged as a warning with a problem. Its unit stopped: nothing is owed to it, so
+    that is neither, and the slice is not made again."""
+    daemon, fake = _unit_told(machines, tmp_path, "pod.slice")
+    answer = fake.set_allowed
+
+    def stopped_meanwhile(name: str, cpus: CPUSet | None, mems: object, **kw: bool) -> None:
+        answer(name, cpus, mems, **kw)  # type: ignore[arg-type]
+        if name == "pod.slice":
+            fake.stop("pod.slice")
+            shutil.rmtree(_tree(daemon) / SLICE)
+
+    fake.set_allowed = stopped_meanwhile  # type: ignore[method-assign]
+    _admit(daemon, {"name": "more", "cgroup": "numad.slice/more", "cpus": 2})  # a new pool
+    capsys.readouterr()
+    _tell_systemd(daemon)
+    assert "unit_record_failed" not in capsys.readouterr().out
+    assert not [p for p in daemon.problems if SLICE in p]
+    assert not daemon.isolation.owed()
+    daemon.reconcile()
+    _tell_systemd(daemon)
+    assert fake.made_again == []
