@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from numad.cpuset import CPUSet
+from numad.daemon.root import Daemon
 from numad.host import durable
 from numad.host.unit_record import FILE
 from tests.conftest import Machines, restarted_daemon
@@ -24,8 +25,8 @@ from tests.host.test_isolation import _admit, _cpus, _slice_told, _tell_systemd,
 SLICE = "numad.slice/pod.slice"
 
 
-def _told(daemon: object) -> dict[str, dict[str, str]]:
-    record = daemon.isolation.record  # type: ignore[attr-defined]
+def _told(daemon: Daemon) -> dict[str, dict[str, str]]:
+    record = daemon.isolation.record
     assert record is not None
     return dict(record.told)
 
