@@ -134,7 +134,9 @@ class HintSpace:
                 if base & ~m == 0 and self.enough(m):
                     yield m
             return
-        extra = sorted(g for g in self.groups if g.bit_count() == w and g & base == base)
+        extra = sorted(
+            (g for g in self.groups if g.bit_count() == w and g & base == base), key=lex_key
+        )
         extra = [g for g in extra if not g & ~allowed and self.enough(g)]
         pooled = self._combos(w, allowed & self.pool_nodes, base)
         yield from heapq.merge(pooled, extra, key=lex_key)
