@@ -42,9 +42,10 @@ Targets (issue 23, on this 2-core machine class): admission p99 at the largest s
 at most 2x the p99 at 0; a pass with nothing changed at most 1 s at the largest
 size; the window's median at most 100 ms and its largest at most 1 s; the lock's
 p99 at most 10 ms at the largest size. Exit status 0 when every target held, 2 when
-one failed. With partitions, the admission and lock targets are taken on numad's own
-part: the kernel's part is measured on a real 6.12 kernel in the VM tier.
-"""
+one failed. With partitions, the admission target is taken on numad's own part: the
+kernel's part is measured on a real 6.12 kernel in the VM tier. The lock target is
+taken on every hold, the kernel's time in it included: numad lets go of the lock
+around its cgroup writes."""
 
 from __future__ import annotations
 
@@ -100,6 +101,8 @@ class Meter:
 
     def __init__(self) -> None:
         self.kernel = 0.0
+        self.locked = 0.0  # the part of ``kernel`` spent with the daemon's lock held
+        self.held: Callable[[], bool] = lambda: True  # whether this thread holds it
         self.writes = 0
         self._write, self._kernel = v2.CgroupV2Backend._write, emulation.KernelV2.write
 
@@ -115,7 +118,9 @@ class Meter:
             try:
                 kernel(k, *args)  # type: ignore[arg-type]
             finally:
-                meter.kernel += time.perf_counter() - start
+                took = time.perf_counter() - start
+                meter.kernel += took
+                meter.locked += took if meter.held() else 0.0
 
         v2.CgroupV2Backend._write = counted  # type: ignore[method-assign,assignment]
         emulation.KernelV2.write = timed_kernel  # type: ignore[method-assign,assignment]
@@ -181,12 +186,15 @@ def scenario(kind: str, n: int, cycles: int, partitions: bool = False) -> Row:
         admits, releases, own, writes, own_lock = [], [], [], [], []
         spec = daemon.parse(SPEC, "json")
         with Meter() as meter:
-            seen = [meter.kernel]
+            seen = [meter.locked]
+            # The kernel's time while the lock is held (numad lets go of it around its
+            # cgroup writes since 2026-12-05; before, every write was under it).
+            meter.held = getattr(daemon.held.lock, "mine", lambda: True)
 
             def observe(held: float) -> None:  # holds follow each other: one thread
                 holds.append(held)
-                own_lock.append(held - (meter.kernel - seen[0]))
-                seen[0] = meter.kernel
+                own_lock.append(held - (meter.locked - seen[0]))
+                seen[0] = meter.locked
 
             if timed_lock:
                 daemon.held.lock.observe = observe
@@ -277,11 +285,7 @@ def targets(flat: list[Row], partitions: bool) -> bool:
             what = f"admission p99 at {big.scenario} / at {zero.scenario}"
         ok &= target(what, ratio, "x", 2.0)
         ok &= target(f"a pass with nothing changed at {big.scenario}", big.steady_pass, "s", PASS_S)
-        if big.lock and partitions:
-            held = p(big.own_lock, 0.99) * 1e3
-            what = f"lock p99, numad's own part, at {big.scenario}"
-            ok &= target(what, held, "ms", LOCK_P99_MS)
-        elif big.lock:
+        if big.lock:  # the kernel's part is not under the lock (2026-12-05): both modes
             ok &= target(f"lock p99 at {big.scenario}", p(big.lock, 0.99) * 1e3, "ms", LOCK_P99_MS)
         else:
             print("  lock p99: not measured (this numad has no lock histogram)")

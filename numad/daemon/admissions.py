@@ -1,7 +1,7 @@
 """Admission and release: the two requests that add and remove a workload.
 
 Daemon side, a collaborator of ``numad.daemon.root.Daemon`` on the shared
-``Holdings``. Each follows the one sequence every change takes, under the lock:
+``Holdings``. Each follows the one sequence every change takes (``changing``):
 decide (pure: the plain admission, and on a rejection the search for moves, which runs
 after the lock on what it read under it: ``numad.daemon.moving``) -> checkpoint
 (atomic, ``numad.daemon.commits``) -> cgroups. A change
@@ -97,7 +97,7 @@ class Admissions:
     def _admit(self, spec: WorkloadSpec) -> Outcome:
         held, request = self.held, spec.to_request()
         for _ in range(SEARCHES):
-            with held.lock:
+            with held.changing:
                 self._check_new(spec)
                 started = time.perf_counter()
                 books, outcome = admit(held.engine, held.books, request)
@@ -105,11 +105,11 @@ class Admissions:
                     return self._commit(spec, books, outcome, None, started)
                 view = View.of(held)
             found = search(view, request, self.resident_in(view), books, outcome)
-            with held.lock:
+            with held.changing:
                 if view.same(held):
                     self._check_new(spec)
                     return self._commit(spec, *found, started)
-        with held.lock:
+        with held.changing:
             self._check_new(spec)
             started = time.perf_counter()
             return self._commit(spec, *decide(held, request, self.resident), started)
@@ -175,7 +175,7 @@ class Admissions:
 
     def release(self, name: str) -> None:
         held = self.held
-        with held.lock:
+        with held.changing:
             if name not in held.specs:
                 raise WorkloadError(name, "no such workload")
             spec = held.specs[name]

@@ -7,7 +7,8 @@ that are no workload's and move interrupts off the exclusive CPUs. A checkpoint
 that cannot be written changes nothing and raises ``CheckpointError``; a cgroup
 step that fails after a commit leaves the change standing and is retried by every
 reconcile pass. Used by the composition root (requests) and the reconciler, on the
-shared ``Holdings``, under its lock.
+shared ``Holdings``, within a change (``changing``; the daemon's lock let go around
+the cgroup writes).
 """
 
 from __future__ import annotations
@@ -109,7 +110,21 @@ class Commits:
         """Every managed cgroup written as the books say, the others isolated, the
         interrupts placed. A pass finds the others (in ``listing``, the managed trees
         as scanned before the lock); an admission or release (``changed``) only takes
-        that workload's cgroups out of them: no tree is walked on the API path."""
+        that workload's cgroups out of them: no tree is walked on the API path.
+
+        The daemon's lock is let go meanwhile, the change kept (``Holdings``): isolated
+        one by one, thousands of cgroups are written per change on a busy host, and a
+        partition change makes the kernel walk every cpuset. Readers get in then and
+        see what is committed; nothing else changes until this returns."""
+        with self.held.changing.unlocked():
+            self._enforce(step, changed, listing)
+
+    def _enforce(
+        self,
+        step: Callable[[str], None] | None,
+        changed: WorkloadSpec | None,
+        listing: Listing | None,
+    ) -> None:
         held = self.held
         # The release of a workload outside the managed roots changes what its top-level
         # cgroup keeps: the others are found anew (rare: a root taken out of the config).
@@ -160,7 +175,7 @@ class Commits:
         self._enforce_after(changed)
 
     def _enforce_after(self, changed: WorkloadSpec) -> None:
-        with self.held.lock:
+        with self.held.changing:
             if not self.held.stopped:
                 self.after_commit(lambda: self.enforce(changed=changed))
 
@@ -181,7 +196,7 @@ class Commits:
         mine = held.cgroups_of(spec)
         gone = {p for p in held.others if related_to(p, mine)}
         if gone:
-            held.others -= gone
+            held.others = held.others - gone  # a new set: a reader may be sorting the old
             for path in self.isolation.mark(held.others, held.owned()):
                 self.enforcer.forget(path)
 
@@ -269,10 +284,11 @@ class Commits:
     def end_isolation(self) -> None:
         """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's);
         partitions are not touched (``end_partitions``)."""
-        for problem in self.isolation.restore():
-            self.log.error("cgroup_reset_failed", problem=problem)
-        for path in sorted(self.held.others):
-            self.enforcer.forget(path)
+        with self.held.changing.unlocked():  # one write per isolated cgroup
+            for problem in self.isolation.restore():
+                self.log.error("cgroup_reset_failed", problem=problem)
+            for path in sorted(self.held.others):
+                self.enforcer.forget(path)
         self.held.others = set()
 
     def isolate_new(self, paths: list[str]) -> None:
@@ -280,7 +296,7 @@ class Commits:
         CPUs at once: each that is no workload's gets the shared pool now, not at the
         next pass. Cost: the new cgroups' writes, nothing per existing cgroup."""
         held = self.held
-        with held.lock:
+        with held.changing:
             if held.stopped or not self.config.isolate or not hasattr(held, "books"):
                 return
             if self.enforcer.partitions is not None:

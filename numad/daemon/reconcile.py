@@ -69,7 +69,7 @@ class Reconciler:
         holds (``numad.daemon.restore.rediscovered`` says how). Commits or changes nothing;
         a rediscovery that failed is tried again by the next reconcile pass."""
         held = self.held
-        with held.lock:
+        with held.changing:
             held.rediscover_pending = True
             new = rediscovered(
                 self.fs,
@@ -109,7 +109,7 @@ class Reconciler:
             # The reads of a pass (the managed trees, the cpusets numad wrote) come
             # first, without the lock: it is held only to decide and write.
             scan = self.enforcer.scan(self.config.paths.managed_roots)
-            with held.lock:
+            with held.changing:
                 repairs = self._pass(scan)
         if repairs is None:
             return
@@ -267,7 +267,7 @@ class Reconciler:
         """numad stops: the cgroups it isolated get every CPU back (their parent's)."""
         held = self.held
         held.stopping.set()  # a pass under way ends its writes and lets go of the lock
-        with held.lock:
+        with held.changing:
             held.stopped = True
             try:  # partitions first: a cgroup beside one may not name its CPUs again
                 self.enforcer.end_partitions()

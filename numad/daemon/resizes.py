@@ -155,7 +155,7 @@ class Resizes:
     def _resize(self, name: str, ask: Ask) -> Answer:
         held = self.held
         for _ in range(SEARCHES):
-            with held.lock:
+            with held.changing:
                 decided = self._decide(name, ask)
                 if not isinstance(decided, Decided):
                     return decided
@@ -163,10 +163,10 @@ class Resizes:
                     return self._commit(decided, None)
                 view = View.of(held)
             plan = self._search(decided, view)
-            with held.lock:
+            with held.changing:
                 if view.same(held):
                     return self._commit(decided, plan)
-        with held.lock:  # overtaken every time: searched under the lock
+        with held.changing:  # overtaken every time: searched under the lock
             decided = self._decide(name, ask)
             if not isinstance(decided, Decided):
                 return decided

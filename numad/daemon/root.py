@@ -4,8 +4,9 @@ The only module that calls more than one stage. Its parts are collaborators on
 one shared ``Holdings`` (``numad.daemon.holdings``), each given what it may touch:
 ``Commits`` (checkpoint, then cgroups through ``numad.host.enforce``), ``Views``
 (read-only), the ``Reconciler`` (the pass over time), ``resume`` (the checkpoint
-read back at start). Every change follows one sequence under the holdings' lock:
-decide (pure) -> checkpoint (atomic) -> cgroups. A change whose checkpoint cannot
+read back at start). Every change follows one sequence, one change at a time
+(``Holdings.changing``): decide (pure) -> checkpoint (atomic) -> cgroups, the
+daemon's lock let go around the cgroup writes. A change whose checkpoint cannot
 be written changes nothing in memory and raises ``CheckpointError``; a cgroup write
 that fails after the commit is retried by every reconcile pass and shown in the
 health problems until it succeeds.
@@ -102,7 +103,7 @@ class Daemon:
         self.migrations = Migrations(
             self.isolation,
             cgroups.root if isinstance(cgroups, CgroupV2Backend) else None,
-            self.lock,
+            held.changing,  # its report changes what the enforcer knows
             log=log,
             metrics=self.metrics,
             health=self.health,
@@ -320,7 +321,7 @@ class Daemon:
     def reload_workloads(self) -> None:
         """SIGHUP: admit what the workloads directory declares anew."""
         held = self.held
-        with self.lock:
+        with held.changing:
             self.admissions.declared()
             self.update_gauges()
         self.log.info("workloads_reloaded", workloads=len(held.specs))

@@ -1,0 +1,186 @@
+"""One change at a time, and the daemon's lock let go around its cgroup writes
+(``numad.daemon.holdings``, issue 23 point 4). On the recorded 2-socket machine with a
+scratch v2 tree, isolating one by one and with (emulated) partitions.
+
+Before: a change wrote every isolated cgroup under the daemon's lock (10,000 strays: a
+hold of 6.4 s, ``benchmarks/busy.py``), so every reader waited that long."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numad.cpuset import CPUSet, NodeSet
+from numad.daemon.holdings import TimedLock
+from numad.daemon.root import Daemon
+from numad.host.scratch import scratch_mkdir
+from tests.conftest import Machines, recorded_daemon
+
+STRAYS = 40
+MODES = {"one by one": False, "partitions": True}
+
+
+def _daemon(machines: Machines, tmp_path: Path, partitions: bool) -> Daemon:
+    daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": partitions}})
+    assert (daemon.enforcer.partitions is not None) == partitions
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(STRAYS):
+        scratch_mkdir(tree, f"numad.slice/stray{i}")
+    scratch_mkdir(tree, "numad.slice/other")
+    daemon.reconcile()
+    return daemon
+
+
+def _spec(daemon: Daemon, name: str, cpus: int = 4) -> Any:
+    return daemon.parse(
+        json.dumps({"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus}), "json"
+    )
+
+
+def _watch_writes(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Every cgroup write from now on, with whether its thread held the daemon's lock."""
+    writes: list[tuple[str, bool]] = []
+    real = daemon.cgroups.write
+
+    def watched(path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        writes.append((path, daemon.held.lock.mine()))
+        real(path, cpus, mems)
+
+    monkeypatch.setattr(daemon.cgroups, "write", watched)
+    return writes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_cgroup_is_written_under_the_daemons_lock(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Admission, release, a pass with drift to repair, and the stop write their
+    cgroups with the lock let go (the change kept). Fails on the old code: every one of
+    these writes was made under the lock."""
+    daemon = _daemon(machines, tmp_path, MODES[mode])
+    writes = _watch_writes(daemon, monkeypatch)
+    assert daemon.admit(_spec(daemon, "db")).admitted
+    daemon.release("db")
+    assert daemon.admit(_spec(daemon, "db")).admitted
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    (tree / "numad.slice/db/cpuset.cpus").write_text("0-63\n")  # drift: the pass repairs it
+    daemon.reconcile()
+    daemon.stop()
+    written = {path for path, _ in writes}
+    assert "numad.slice/db" in written
+    if mode == "one by one":
+        assert {f"numad.slice/stray{i}" for i in range(STRAYS)} <= written
+    assert [path for path, locked in writes if locked] == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_readers_get_in_while_a_change_writes_and_see_it_committed(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """While an admission writes, another thread takes the daemon's lock at once and
+    lists the workload as admitted. Fails on the old code: the lock was held, and the
+    reader waited out its timeout."""
+    daemon = _daemon(machines, tmp_path, MODES[mode])
+    seen: list[object] = []
+    real = daemon.cgroups.write
+
+    def read_meanwhile() -> None:
+        if daemon.held.lock.acquire(timeout=5):  # immediate unless the lock is held
+            try:
+                seen.append([w["name"] for w in daemon.list_all()])
+            finally:
+                daemon.held.lock.release()
+        else:
+            seen.append("the daemon's lock was held")
+
+    def watched(path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        if not seen:
+            reader = threading.Thread(target=read_meanwhile)
+            reader.start()
+            reader.join()
+        real(path, cpus, mems)
+
+    monkeypatch.setattr(daemon.cgroups, "write", watched)
+    assert daemon.admit(_spec(daemon, "db")).admitted
+    assert seen == [["db"]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_other_change_lands_while_one_writes(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A second admission asked while the first writes its cgroups waits for them
+    (``changing``), then is granted CPUs no other cgroup runs on. Without ``changing``
+    it committed and wrote while the first's writes were under way."""
+    daemon = _daemon(machines, tmp_path, MODES[mode])
+    real = daemon.cgroups.write
+    second: list[bool] = []
+    meanwhile: list[bool] = []  # (an assert here would end in the enforcer's error path)
+    waiter: list[threading.Thread] = []
+
+    def admit_other() -> None:
+        second.append(daemon.admit(_spec(daemon, "other", 6)).admitted)
+
+    def watched(path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        if not waiter:
+            waiter.append(threading.Thread(target=admit_other))
+            waiter[0].start()
+            waiter[0].join(timeout=0.5)  # it ends only once this change is over
+            meanwhile.append(waiter[0].is_alive() and "other" not in daemon.held.specs)
+        real(path, cpus, mems)
+
+    monkeypatch.setattr(daemon.cgroups, "write", watched)
+    assert daemon.admit(_spec(daemon, "db")).admitted
+    waiter[0].join(timeout=60)
+    assert meanwhile == [True], "a second change landed during the first's writes"
+    assert second == [True]
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+
+    def effective(path: str) -> CPUSet:
+        return CPUSet.parse_list((tree / path / "cpuset.cpus.effective").read_text().strip())
+
+    db, other = effective("numad.slice/db"), effective("numad.slice/other")
+    assert (len(db), len(other)) == (4, 6)
+    assert not db & other
+    for i in range(STRAYS):
+        assert not effective(f"numad.slice/stray{i}") & (db | other)
+
+
+def test_a_change_may_not_start_under_the_daemons_lock_alone(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Lock order: ``changing`` then the lock. A thread holding the lock alone that
+    started a change could wait on a change that waits on it."""
+    daemon = recorded_daemon(machines, tmp_path)
+    with daemon.held.lock, pytest.raises(RuntimeError, match="take changing"):
+        daemon.admit(_spec(daemon, "db"))
+    assert "db" not in daemon.held.specs
+    assert daemon.admit(_spec(daemon, "db")).admitted  # nothing left held
+
+
+def test_the_lock_let_go_is_two_holds_and_taken_back_as_deep() -> None:
+    held: list[float] = []
+    lock = TimedLock(held.append)
+    with lock, lock:
+        with lock.released():
+            assert not lock.mine()
+            assert len(held) == 1
+            taken = []
+
+            def take() -> None:
+                taken.append(lock.acquire(timeout=5))
+                lock.release()
+
+            other = threading.Thread(target=take)
+            other.start()
+            other.join()
+            assert taken == [True]  # another thread got it
+        assert lock.mine()
+    assert len(held) == 3  # before, the other thread's, after
+    assert not lock.mine()
+    assert lock.acquire(blocking=False)
+    lock.release()
