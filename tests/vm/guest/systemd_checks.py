@@ -1007,6 +1007,7 @@ def test_by_default_partitions_where_offered_and_permitted() -> None:
         figure(
             check="admissions isolating one by one",
             **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
+            **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
         )
         restart_with(BASE + PARTITIONS_ON)  # asked for: the kernel's own refusal
         problems = api("GET", "/v1/health")["problems"]
@@ -1076,6 +1077,7 @@ def partitioned(booked: CPUSet) -> None:
         hog_seen=str(CPUSet(seen)),
         **{f"first_allowed_{s}": str(c) for s, c in firsts.items()},
         **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
+        **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
     )
 
 
@@ -1110,6 +1112,7 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
 
         wait_for(isolated, f"numad to isolate {strays} new cgroups")
     out = []
+    before = histogram("numad_lock_held_seconds")
     try:
         for _ in range(cycles):
             start = time.monotonic()
@@ -1121,11 +1124,19 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
             for d in made[:: max(1, strays // 20)]:
                 assert not CPUSet.parse_list((d / "cpuset.cpus.effective").read_text()) & granted
             api("DELETE", "/v1/workloads/pt")
+        # The daemon's lock over these admissions and releases (and any pass meanwhile):
+        # numad lets go of it around its cgroup writes, the kernel's walk included.
+        after = histogram("numad_lock_held_seconds")
+        holds = {b: n - before[0].get(b, 0.0) for b, n in after[0].items()}
+        LOCK_P99[strays] = p99_within(holds, after[1] - before[1])
     finally:
         for d in [*made, slice_ / "pt"]:
             with contextlib.suppress(OSError):
                 d.rmdir()
     return out
+
+
+LOCK_P99: dict[int, float] = {}  # strays -> the lock's p99 bucket over admission_seconds
 
 
 def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
@@ -1159,10 +1170,9 @@ def test_a_workload_unit_stopped_for_good_is_released() -> None:
     wait_for(lambda: WORKLOAD not in workloads(), "numad to release the stopped unit's workload")
 
 
-def systemd_reply_times() -> dict[str, float]:
-    """numad's histogram of systemd's reply times (issue 24 item 15: slow or lost?),
-    summed over members: calls answered, seconds in all, and the bucket bound 99%
-    of replies came within."""
+def histogram(metric: str) -> tuple[dict[float, float], float, float]:
+    """One of numad's histograms as scraped now, summed over labels: the cumulative
+    count per bucket bound, the count, the sum."""
     address = api("GET", "/v1/health")["metrics"]
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as answer:
         text = answer.read().decode()
@@ -1170,15 +1180,27 @@ def systemd_reply_times() -> dict[str, float]:
     count = total = 0.0
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
-        if name.startswith("numad_systemd_reply_seconds_bucket"):
+        if name.startswith(f"{metric}_bucket"):
             bound = name.split('le="', 1)[1].split('"', 1)[0]
             buckets[float(bound)] = buckets.get(float(bound), 0.0) + float(value)
-        elif name.startswith("numad_systemd_reply_seconds_count"):
+        elif name.startswith(f"{metric}_count"):
             count += float(value)
-        elif name.startswith("numad_systemd_reply_seconds_sum"):
+        elif name.startswith(f"{metric}_sum"):
             total += float(value)
-    p99 = min((b for b, n in buckets.items() if n >= 0.99 * count), default=float("inf"))
-    return {"answered": count, "seconds": round(total, 3), "p99_within": p99}
+    return buckets, count, total
+
+
+def p99_within(buckets: dict[float, float], count: float) -> float:
+    """The bucket bound 99% of the observations came within."""
+    return min((b for b, n in buckets.items() if n >= 0.99 * count), default=float("inf"))
+
+
+def systemd_reply_times() -> dict[str, float]:
+    """numad's histogram of systemd's reply times (issue 24 item 15: slow or lost?),
+    summed over members: calls answered, seconds in all, and the bucket bound 99%
+    of replies came within."""
+    buckets, count, total = histogram("numad_systemd_reply_seconds")
+    return {"answered": count, "seconds": round(total, 3), "p99_within": p99_within(buckets, count)}
 
 
 def test_stop_is_clean() -> None:
