@@ -134,7 +134,8 @@ class Reconciler:
                 self.commits.commit(held.books, held.specs)
         if held.rediscover_pending:
             self.rediscover()
-        repairs = self.enforcer.find_drift(held.passes, scan)
+        with held.changing.unlocked():  # per cgroup numad wrote: readers get in
+            repairs = self.enforcer.find_drift(held.passes, scan)
         held.repairs += repairs
         self._releases()
         self._readmit()
