@@ -7,7 +7,9 @@ hold of 6.4 s, ``benchmarks/busy.py``), so every reader waited that long."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.holdings import TimedLock
 from numad.daemon.root import Daemon
+from numad.errors import WorkloadError
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
@@ -184,3 +187,80 @@ def test_the_lock_let_go_is_two_holds_and_taken_back_as_deep() -> None:
     assert not lock.mine()
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_concurrent_changes_keep_exclusive_cpus_exclusive(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Three threads admit and release at random (seeded choices; the interleaving is the
+    scheduler's) while a fourth reads; after every cgroup write, whoever made it, the tree
+    holds DESIGN invariant 4: no two exclusive grants share a CPU, and no stray runs on a
+    granted CPU. Also: no two writes are ever under way at once (``changing``)."""
+    daemon = _daemon(machines, tmp_path, MODES[mode])
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    names = [f"w{i}" for i in range(6)]
+    for name in names:
+        scratch_mkdir(tree, f"numad.slice/{name}")
+    real = daemon.cgroups.write
+    broken: list[str] = []
+    writing = threading.Lock()  # taken by each write: never contended if changes take turns
+
+    def effective(path: str) -> CPUSet:
+        return CPUSet.parse_list((tree / path / "cpuset.cpus.effective").read_text().strip())
+
+    def check(path: str) -> None:
+        grants = {p: CPUSet.from_bits(c) for p, c in daemon.enforcer.grants.items()}
+        seen = CPUSet()
+        for p, cpus in sorted(grants.items()):
+            if cpus & seen:
+                broken.append(f"after {path}: {p} shares {cpus & seen} with another grant")
+            seen |= cpus
+        for i in range(0, STRAYS, 7):
+            stray = f"numad.slice/stray{i}"
+            if effective(stray) & seen:
+                broken.append(f"after {path}: {stray} runs on granted {effective(stray) & seen}")
+
+    def watched(path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        if not writing.acquire(blocking=False):
+            broken.append(f"{path} written while another write was under way")
+            writing.acquire()
+        try:
+            real(path, cpus, mems)
+            check(path)
+        finally:
+            writing.release()
+
+    monkeypatch.setattr(daemon.cgroups, "write", watched)
+    failures: list[Exception] = []
+
+    def changes(seed: int) -> None:
+        rng = random.Random(seed)  # noqa: S311 - a seeded test stream
+        try:
+            for _ in range(25):
+                name = rng.choice(names)
+                with contextlib.suppress(WorkloadError):  # another thread got there first
+                    if name in daemon.held.specs:
+                        daemon.release(name)
+                    else:
+                        daemon.admit(_spec(daemon, name, rng.randint(1, 6)))
+        except Exception as err:  # noqa: BLE001 - reported below, not lost with the thread
+            failures.append(err)
+
+    def reads(stop: threading.Event) -> None:
+        while not stop.wait(0.002):  # a reader that never paused would starve the changes
+            daemon.list_all()
+
+    stop = threading.Event()
+    reader = threading.Thread(target=reads, args=(stop,))
+    reader.start()
+    workers = [threading.Thread(target=changes, args=(seed,)) for seed in (1, 2, 3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=300)
+    stop.set()
+    reader.join(timeout=60)
+    assert not failures, failures
+    assert broken == []
+    assert daemon.health.has("enforce") is False
