@@ -15,7 +15,10 @@ Two locks, always taken in this order:
   ``plan``, a search for moves) take it alone. A change lets go of it around its
   slow cgroup writes (``unlocked``: thousands of isolated cgroups to shrink, a
   kernel's walk at a partition change), keeping ``changing``: readers get in then,
-  and see every decision already committed; no one else changes anything.
+  and see every decision already committed; no one else changes anything. The price:
+  readers busy meanwhile share the interpreter with the writes and slow them (4 API
+  clients reading in a loop: 10 admit+release cycles 4.2 s, against 0.6 s quiet and
+  0.7 s when readers waited out the writes; measured 2026-12-05, not yet remedied).
 """
 
 from __future__ import annotations
