@@ -267,7 +267,7 @@ class Reconciler:
     def stop(self) -> None:
         """numad stops: the cgroups it isolated get every CPU back (their parent's)."""
         held = self.held
-        held.stopping.set()  # a pass under way ends its writes and lets go of the lock
+        held.stopping.set()  # a change under way ends its writes and lets go of changing
         with held.changing:
             held.stopped = True
             try:  # partitions first: a cgroup beside one may not name its CPUs again
