@@ -168,6 +168,12 @@ class Metrics:
             buckets=ADMISSION_BUCKETS,
             registry=r,
         )
+        self.lock_wait = Histogram(
+            "numad_lock_wait_seconds",
+            "How long each taker of the daemon's lock waited for it, a change's writes included.",
+            buckets=ADMISSION_BUCKETS,
+            registry=r,
+        )
         self.systemd_reply = Histogram(
             "numad_systemd_reply_seconds",
             "How long systemd took to answer each D-Bus call it answered.",

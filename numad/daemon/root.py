@@ -85,7 +85,9 @@ class Daemon:
         self.log = log
         self.started = False
         self.health = Problems()
-        self.held = held = Holdings(TimedLock(self.metrics.lock_held.observe))
+        self.held = held = Holdings(
+            TimedLock(self.metrics.lock_held.observe, self.metrics.lock_wait.observe)
+        )
         self.lock = held.lock
         self.isolation = Isolation(
             cgroups, state_dir, log, systemd=systemd, problems=self.health, **host_parts(cgroups)
