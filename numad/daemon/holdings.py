@@ -17,12 +17,12 @@ Two locks, always taken in this order:
   kernel's walk at a partition change), keeping ``changing``; readers see every
   decision already committed, and no one else changes anything.
 
-Readers wait for the writes at the lock's gate, for at most ``GRACE`` (50 ms), then get
-in beside them: a reader running meanwhile shares the interpreter with the writes, and
-each of the writes' system calls waits for it (4 API clients reading in a loop: 10
-admit+release cycles took 4.5 s with no wait, 0.75 s with it, 0.68 s quiet). A change
-comes before readers that arrive while it waits for the lock, at its start and at the
-end of its writes: a reader in a loop cannot hold it off. ``numad_lock_wait_seconds``
+Each reader waits for the writes at the lock's gate for at most ``GRACE`` (50 ms), then
+gets in beside them, once: a reader running beside the writes shares the interpreter
+with them, and each of the writes' system calls waits for it (two readers in a loop:
+admit+release cycles beside 1,000 strays 6x slower with no wait, 1.0x with it). A
+change comes before readers that arrive while it waits for the lock, at its start and
+at the end of its writes: a reader in a loop cannot hold it off. ``numad_lock_wait_seconds``
 shows what readers waited, the gate included.
 """
 
@@ -39,54 +39,61 @@ from numad.placement.managers.cpu.static import StaticPolicy
 from numad.topology.model import Topology
 from numad.workload.shape import WorkloadSpec
 
-# How long a thread that wants the daemon's lock waits at its gate while a change
-# writes (then it gets in beside the writes). Small changes end within it: readers do
-# not share the interpreter with their writes (measured 2026-12-05, 4 API clients
-# reading in a loop, 40 strays, 10 admit+release cycles: 0.75 s, 0.68 s quiet; 4.45 s
-# with no wait, 3.6 s with 10 ms). A reader waits at most this long for writes.
+# How long each thread that wants the daemon's lock waits at its gate while a change
+# writes (then it gets in beside the writes, once). Changes short enough end within it;
+# a reader in a loop runs once per grace beside longer ones. Readers that ran beside the
+# writes all along shared the interpreter with them, and each of the writes' system
+# calls waited for them (measured 2026-12-05, ``benchmarks/readers.py``, two readers in
+# a loop: cycles beside 1,000 strays 6x slower; with this wait 1.0x, each read waiting
+# at most 51-73 ms).
 GRACE = 0.05
 
 
 class Gate:
     """Where a thread that wants the daemon's lock waits first, while a change writes
-    with the lock let go: until ``open``, or until the deadline ``close`` set passes
-    (none: until ``open``). The change's own thread (the keeper) never waits."""
+    with the lock let go: until ``open``, or for at most the ``grace`` that ``close``
+    set, counted from its own arrival (none: until ``open``). A reader in a loop thus
+    runs once per grace beside the writes, not all along. The change's own thread (the
+    keeper) never waits."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
-        self._until: float | None = None
+        self._grace: float | None = None
         self._keeper: int | None = None
 
-    def close(self, until: float | None = None) -> None:
+    def close(self, grace: float | None = None) -> None:
         with self._cond:
-            self._closed, self._until, self._keeper = True, until, threading.get_ident()
+            self._closed, self._grace, self._keeper = True, grace, threading.get_ident()
 
     def open(self) -> None:
         with self._cond:
-            self._closed, self._until, self._keeper = False, None, None
+            self._closed, self._grace, self._keeper = False, None, None
             self._cond.notify_all()
 
     def wait(self, timeout: float = -1) -> bool:
-        """Pass: at once if open or this thread keeps it; else once it opens or its
-        deadline passes. False if ``timeout`` (s; negative: none) ran out first."""
-        give_up = None if timeout < 0 else time.monotonic() + timeout
+        """Pass: at once if open or this thread keeps it; else once it opens or the
+        grace since this call is over. False if ``timeout`` (s; negative: none) ran out
+        first."""
+        arrived = time.monotonic()
+        give_up = None if timeout < 0 else arrived + timeout
         with self._cond:
             while self._closed and self._keeper != threading.get_ident():
-                ends = [t for t in (self._until, give_up) if t is not None]
+                through = None if self._grace is None else arrived + self._grace
+                ends = [t for t in (through, give_up) if t is not None]
                 if not ends:
                     self._cond.wait()
                     continue
                 left = min(ends) - time.monotonic()
                 if left <= 0:
-                    return self._until is not None and self._until <= time.monotonic()
+                    return through is not None and through <= time.monotonic()
                 self._cond.wait(left)
             return True
 
     @property
     def shut(self) -> bool:
         """Closed until it opens (no deadline)."""
-        return self._closed and self._until is None
+        return self._closed and self._grace is None
 
 
 class TimedLock:
@@ -198,14 +205,14 @@ class Changing:
     @contextlib.contextmanager
     def unlocked(self) -> Iterator[None]:
         """The daemon's lock let go for the block, if this thread holds the change (else
-        nothing is let go: whoever took the lock alone keeps it). Readers wait at the
-        gate for ``grace``, then get in; from the block's end they wait until the change
-        has the lock back."""
+        nothing is let go: whoever took the lock alone keeps it). Each reader that comes
+        waits at the gate for ``grace``, then gets in; from the block's end readers wait
+        until the change has the lock back."""
         if not (self.writes.mine() and self.lock.mine()):  # not a change, or let go already
             yield
             return
         gate = self.lock.gate
-        gate.close(time.monotonic() + self.grace)
+        gate.close(self.grace)
         try:
             with self.lock.released():
                 try:

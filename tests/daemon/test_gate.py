@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from numad.daemon.holdings import GRACE, Gate, Holdings, TimedLock
+from numad.daemon.holdings import Gate, Holdings, TimedLock
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
@@ -49,7 +49,7 @@ def test_a_gate_holds_others_until_it_opens_or_its_deadline() -> None:
     other.join(LONG)
     assert passed == [True]
 
-    gate.close(time.monotonic() + 0.2)
+    gate.close(0.2)
     assert not gate.shut
     start = time.monotonic()
     _thread(lambda: passed.append(gate.wait())).join(LONG)
@@ -189,14 +189,15 @@ def test_a_change_waiting_to_start_goes_before_readers_that_come() -> None:
     assert order == ["A", "change", "B"]
 
 
-def test_a_reader_in_a_loop_does_not_hold_changes_off(machines: Machines, tmp_path: Path) -> None:
-    """Admissions and releases on the recorded machine, 40 strays isolated one by one,
-    with a thread listing the workloads in a loop: they end within 10x their quiet time
-    (measured first, here). Before the gate: 3-8 of 30 changes ended in 60 s (beyond
-    50x)."""
+def test_readers_in_a_loop_do_not_slow_changes(machines: Machines, tmp_path: Path) -> None:
+    """Admissions and releases on the recorded machine, 300 strays isolated one by one
+    (writes longer than the grace), beside two threads listing the workloads in a loop:
+    the cycles take at most 3x their quiet time (measured first, here; about 1.0x).
+    Before the gate: 3-8 of 30 changes ended in 60 s; with readers let in once the
+    grace since the writes' start was over, and from then on all along: about 5x."""
     daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": False}})
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
-    for i in range(40):
+    for i in range(300):
         scratch_mkdir(tree, f"numad.slice/stray{i}")
     daemon.reconcile()
     rng = random.Random(7)  # noqa: S311 - seeded sizes, not a secret
@@ -208,7 +209,7 @@ def test_a_reader_in_a_loop_does_not_hold_changes_off(machines: Machines, tmp_pa
             daemon.release("db")
 
     start = time.perf_counter()
-    cycles(5)
+    cycles(3)
     quiet = time.perf_counter() - start
     stop = threading.Event()
     reads = [0]
@@ -218,10 +219,14 @@ def test_a_reader_in_a_loop_does_not_hold_changes_off(machines: Machines, tmp_pa
             daemon.list_all()
             reads[0] += 1
 
-    reader = _thread(read)
-    busy = _thread(lambda: cycles(5))
-    busy.join(10 * quiet + 10 * GRACE)
+    readers = [_thread(read) for _ in range(2)]
+    start = time.perf_counter()
+    busy = _thread(lambda: cycles(3))
+    busy.join(LONG)
+    took = time.perf_counter() - start
     stop.set()
-    reader.join(LONG)
-    assert not busy.is_alive(), f"5 cycles beside a reader beyond 10x their quiet {quiet:.2f} s"
+    for reader in readers:
+        reader.join(LONG)
+    assert not busy.is_alive()
     assert reads[0] > 0
+    assert took <= 3 * quiet, f"3 cycles beside readers {took:.2f} s, quiet {quiet:.2f} s"
