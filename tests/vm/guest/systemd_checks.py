@@ -1008,6 +1008,8 @@ def test_by_default_partitions_where_offered_and_permitted() -> None:
             check="admissions isolating one by one",
             **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
             **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
+            **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
+            **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
         )
         restart_with(BASE + PARTITIONS_ON)  # asked for: the kernel's own refusal
         problems = api("GET", "/v1/health")["problems"]
@@ -1078,6 +1080,8 @@ def partitioned(booked: CPUSet) -> None:
         **{f"first_allowed_{s}": str(c) for s, c in firsts.items()},
         **{f"admission_ms_{n}_strays": [round(t * 1e3) for t in c] for n, c in costs.items()},
         **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
+        **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
+        **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
     )
 
 
@@ -1100,7 +1104,8 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
     """Each of ``cycles`` admissions of a 1-CPU workload (the API's answer, with its
     partition made, or every stray written) beside ``strays`` empty cgroups made in
     numad.slice first: with partitions, the real kernel's part of a partition change,
-    which walks every cpuset."""
+    which walks every cpuset. A client reads the workloads every 10 ms meanwhile: each
+    read is answered (``Reader``); its times and the lock's waits are recorded."""
     slice_ = CGROUP_ROOT / "numad.slice"
     made = [slice_ / f"stray{i}" for i in range(strays)]
     for d in [*made, slice_ / "pt"]:
@@ -1113,6 +1118,8 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
         wait_for(isolated, f"numad to isolate {strays} new cgroups")
     out = []
     before = histogram("numad_lock_held_seconds")
+    waits_before = histogram("numad_lock_wait_seconds")
+    reader = Reader()
     try:
         for _ in range(cycles):
             start = time.monotonic()
@@ -1129,7 +1136,19 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
         after = histogram("numad_lock_held_seconds")
         holds = {b: n - before[0].get(b, 0.0) for b, n in after[0].items()}
         LOCK_P99[strays] = p99_within(holds, after[1] - before[1])
+        reads = reader.stop()
+        # What takers of the lock waited (the reader's requests, the changes, any pass):
+        # a reader waits at most 50 ms for a change's writes, then gets in beside them.
+        after = histogram("numad_lock_wait_seconds")
+        waits = {b: n - waits_before[0].get(b, 0.0) for b, n in after[0].items()}
+        LOCK_WAIT_P99[strays] = p99_within(waits, after[1] - waits_before[1])
+        READS_MS[strays] = [
+            len(reads),
+            round(sorted(reads)[len(reads) // 2] * 1e3),
+            round(max(reads) * 1e3),
+        ]
     finally:
+        reader.halt()
         for d in [*made, slice_ / "pt"]:
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -1137,6 +1156,42 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
 
 
 LOCK_P99: dict[int, float] = {}  # strays -> the lock's p99 bucket over admission_seconds
+LOCK_WAIT_P99: dict[int, float] = {}  # strays -> the p99 bucket of the waits for it
+READS_MS: dict[int, list[int]] = {}  # strays -> the reader's reads: count, median, max (ms)
+
+
+class Reader:
+    """A client reading ``/v1/workloads`` every 10 ms meanwhile (a dashboard): every
+    read must be answered, whatever the changes beside it write."""
+
+    def __init__(self) -> None:
+        self.took: list[float] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            start = time.monotonic()
+            try:
+                api("GET", "/v1/workloads")
+            except (NumadError, OSError) as err:
+                self.errors.append(str(err))
+                continue
+            self.took.append(time.monotonic() - start)
+
+    def halt(self) -> None:
+        self._stop.set()
+        self._thread.join(CALL + 5)
+
+    def stop(self) -> list[float]:
+        """The reads' times, once the reader has stopped; every read was answered."""
+        self.halt()
+        assert not self._thread.is_alive(), "a read beside the changes never ended"
+        assert not self.errors, self.errors[:3]
+        assert self.took, "no read was made beside the changes"
+        return self.took
 
 
 def test_a_hung_numad_is_restarted_by_the_watchdog() -> None:
