@@ -207,9 +207,12 @@ class UnitRecord:
                 gone = False
                 with contextlib.suppress(NumadError):
                     gone = self.systemd.unit(name) is None
-                if gone:  # unloaded (a transient unit that ended): nothing of numad's left
-                    self._forget(path)
+                if gone and self.told[path].get("transient", "yes") == "yes":
+                    self._forget(path)  # a transient unit that ended: nothing of numad's left
                     self.log.info("unit_reset_skipped", unit=name, why="systemd has no such unit")
+                elif gone:  # unloaded; its runtime AllowedCPUs= stays for its next load
+                    self._rest(path)
+                    self.log.info("unit_reset_deferred", unit=name, why="systemd has it unloaded")
                 else:
                     self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
             with self.lock:  # given back (or gone): what waited below is written now

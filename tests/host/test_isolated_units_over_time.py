@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from numad.cpuset import CPUSet
+from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.host import durable
+from numad.host.systemd_bus import SystemdError
 from numad.host.unit_record import FILE
 from tests.conftest import Machines, restarted_daemon
 from tests.host.test_isolation import _admit, _cpus, _slice_told, _tell_systemd, _tree, _unit_told
@@ -189,3 +190,44 @@ def test_a_unit_stopped_while_systemd_writes_its_value_is_no_warning(
     daemon.reconcile()
     _tell_systemd(daemon)
     assert fake.made_again == []
+
+
+def test_a_slice_unloaded_while_its_give_back_fails_is_given_its_own_back_later(
+    machines: Machines, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slice told the shared pool stops, its cgroup kept by the kernel, and systemd
+    unloads it; numad's stop sends its own back, and the call fails (no reply). A slice
+    is not transient: systemd keeps the pool in /run for its next load. Before, numad
+    forgot it there (systemd has no such unit), and the pool stayed: a later numad read
+    it as the slice's own. Now the record keeps it, and a later numad gives its own
+    (none) back."""
+    daemon, fake = _unit_told(machines, tmp_path, "pod.slice")
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert fake.allowed_cpus["pod.slice"] == pool
+    fake.stop("pod.slice", unload=True)  # the directory stays
+    answer = fake.set_allowed
+    failed: list[str] = []
+
+    def no_reply(name: str, cpus: CPUSet | None, mems: NodeSet | None, **kw: bool) -> None:
+        if name == "pod.slice" and not failed:
+            failed.append(name)
+            raise SystemdError(name, "no reply to SetUnitProperties within 5 s")
+        answer(name, cpus, mems, **kw)
+
+    fake.set_allowed = no_reply  # type: ignore[method-assign]
+    capsys.readouterr()
+    daemon.stop()
+    logged = capsys.readouterr().out
+    assert failed == ["pod.slice"]
+    assert "unit_reset_deferred" in logged, logged
+    assert "unit_reset_failed" not in logged, logged
+    assert json.loads((daemon.state_dir / FILE).read_text())["units"][SLICE]["cpus"] == ""
+    assert fake.allowed_cpus["pod.slice"] == pool  # what systemd keeps for it meanwhile
+    fake.start("pod.slice")
+    again = restarted_daemon(daemon)
+    again.isolation.systemd = fake
+    again.reconcile()
+    _tell_systemd(again)
+    assert _told(again)[SLICE]["cpus"] == ""  # its own, not the pool it was left with
+    again.stop()
+    assert fake.allowed_cpus["pod.slice"] == CPUSet()  # its own: none
