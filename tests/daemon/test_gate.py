@@ -136,6 +136,27 @@ def _ordered(
             assert stay.wait(LONG)
 
 
+def _behind_the_change(
+    held: Holdings,
+    order: list[str],
+    changer: threading.Thread,
+    a: threading.Thread,
+    a_stay: threading.Event,
+    *,
+    when: str,
+) -> None:
+    """Once the change has shut the gate, reader B waits at it; reader A (in) lets go:
+    the change gets the lock before B."""
+    _until(lambda: held.lock.gate.shut, f"the gate shut {when}")
+    b = _thread(lambda: _ordered(held, order, "B"))
+    b.join(0.2)
+    assert b.is_alive()
+    a_stay.set()
+    for t in (a, b, changer):
+        t.join(LONG)
+    assert order == ["A", "change", "B"]
+
+
 def test_a_change_taking_the_lock_back_goes_before_readers_that_come() -> None:
     """At the end of its writes the change shuts the gate: a reader that comes then
     waits until the change has the lock back, behind the reader that was in."""
@@ -157,14 +178,7 @@ def test_a_change_taking_the_lock_back_goes_before_readers_that_come() -> None:
     a = _thread(lambda: _ordered(held, order, "A", a_in, a_stay))
     assert a_in.wait(LONG)
     go.set()
-    _until(lambda: held.lock.gate.shut, "the gate shut at the end of the writes")
-    b = _thread(lambda: _ordered(held, order, "B"))
-    b.join(0.2)
-    assert b.is_alive()
-    a_stay.set()
-    for t in (a, b, changer):
-        t.join(LONG)
-    assert order == ["A", "change", "B"]
+    _behind_the_change(held, order, changer, a, a_stay, when="at the end of the writes")
 
 
 def test_a_change_waiting_to_start_goes_before_readers_that_come() -> None:
@@ -179,14 +193,7 @@ def test_a_change_waiting_to_start_goes_before_readers_that_come() -> None:
             order.append("change")
 
     changer = _thread(change)
-    _until(lambda: held.lock.gate.shut, "the gate shut while the change waits")
-    b = _thread(lambda: _ordered(held, order, "B"))
-    b.join(0.2)
-    assert b.is_alive()
-    a_stay.set()
-    for t in (a, b, changer):
-        t.join(LONG)
-    assert order == ["A", "change", "B"]
+    _behind_the_change(held, order, changer, a, a_stay, when="while the change waits")
 
 
 def test_readers_in_a_loop_do_not_slow_changes(machines: Machines, tmp_path: Path) -> None:
