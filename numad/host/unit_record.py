@@ -207,12 +207,10 @@ class UnitRecord:
                 gone = False
                 with contextlib.suppress(NumadError):
                     gone = self.systemd.unit(name) is None
-                if gone and self.told[path].get("transient", "yes") == "yes":
-                    self._forget(path)  # a transient unit that ended: nothing of numad's left
-                    self.log.info("unit_reset_skipped", unit=name, why="systemd has no such unit")
-                elif gone:  # unloaded; its runtime AllowedCPUs= stays for its next load
-                    self._rest(path)
-                    self.log.info("unit_reset_deferred", unit=name, why="systemd has it unloaded")
+                if gone:
+                    self._absent(
+                        path, ended="systemd has no such unit", kept="systemd has it unloaded"
+                    )
                 else:
                     self.log.warning("unit_reset_failed", cgroup=path, problem=str(err))
             with self.lock:  # given back (or gone): what waited below is written now
@@ -342,12 +340,7 @@ class UnitRecord:
         if own is None:
             return
         if not self.exists(path):  # not running: a call would load it (a slice: its cgroup)
-            if own.get("transient", "yes") == "yes":  # its settings went with it
-                self.log.info("unit_reset_skipped", unit=own["unit"], why="it ended")
-                self._forget(path)
-            else:
-                self.log.info("unit_reset_deferred", unit=own["unit"], why="not running")
-                self._rest(path)
+            self._absent(path, ended="it ended", kept="not running")
             return
         cpus = CPUSet.parse_list(own["cpus"])
         if not cpus and online:
@@ -358,6 +351,18 @@ class UnitRecord:
                 return
         self.systemd.set_allowed(own["unit"], cpus, None, runtime=True)
         self._forget(path)
+
+    def _absent(self, path: str, *, ended: str, kept: str) -> None:
+        """``path``'s unit is not running, or not loaded: a transient unit's settings went
+        with it (forgotten); any other keeps numad's runtime AllowedCPUs= in /run for its
+        next load, so its own is kept and given back later."""
+        unit = self.told[path]["unit"]
+        if self.told[path].get("transient", "yes") == "yes":
+            self.log.info("unit_reset_skipped", unit=unit, why=ended)
+            self._forget(path)
+        else:
+            self.log.info("unit_reset_deferred", unit=unit, why=kept)
+            self._rest(path)
 
     def _rest(self, path: str) -> None:
         """Kept, not given back until it is asked again (``give_back_later``)."""

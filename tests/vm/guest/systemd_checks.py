@@ -1133,15 +1133,11 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
             api("DELETE", "/v1/workloads/pt")
         # The daemon's lock over these admissions and releases (and any pass meanwhile):
         # numad lets go of it around its cgroup writes, the kernel's walk included.
-        after = histogram("numad_lock_held_seconds")
-        holds = {b: n - before[0].get(b, 0.0) for b, n in after[0].items()}
-        LOCK_P99[strays] = p99_within(holds, after[1] - before[1])
+        LOCK_P99[strays] = p99_since("numad_lock_held_seconds", before)
         reads = reader.stop()
         # What takers of the lock waited (the reader's requests, the changes, any pass):
         # a reader waits at most 50 ms for a change's writes, then gets in beside them.
-        after = histogram("numad_lock_wait_seconds")
-        waits = {b: n - waits_before[0].get(b, 0.0) for b, n in after[0].items()}
-        LOCK_WAIT_P99[strays] = p99_within(waits, after[1] - waits_before[1])
+        LOCK_WAIT_P99[strays] = p99_since("numad_lock_wait_seconds", waits_before)
         READS_MS[strays] = [
             len(reads),
             round(sorted(reads)[len(reads) // 2] * 1e3),
@@ -1243,6 +1239,13 @@ def histogram(metric: str) -> tuple[dict[float, float], float, float]:
         elif name.startswith(f"{metric}_sum"):
             total += float(value)
     return buckets, count, total
+
+
+def p99_since(metric: str, before: tuple[dict[float, float], float, float]) -> float:
+    """The p99 bucket of the observations ``metric`` made since ``before`` was scraped."""
+    after = histogram(metric)
+    grown = {b: n - before[0].get(b, 0.0) for b, n in after[0].items()}
+    return p99_within(grown, after[1] - before[1])
 
 
 def p99_within(buckets: dict[float, float], count: float) -> float:
