@@ -26,6 +26,7 @@ from numad.errors import CheckpointError, NumadError
 from numad.host import durable
 from numad.host.cgroup.events import CgroupEvents
 from numad.host.cgroup.path import CgroupPath
+from numad.host.drift import drifted
 from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
@@ -56,6 +57,7 @@ class Commits:
         self.isolation = isolation
         self.irqs = irqs
         self.syscalls = durable.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
+        self.watched: frozenset[str] = frozenset()  # the workloads' cgroups, as last enforced
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
@@ -137,6 +139,7 @@ class Commits:
         wanted = targets(
             held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
         )
+        self.watched = frozenset(held.owned())  # their writes are watched (``written_elsewhere``)
         partitions = self.enforcer.partitions
         clashes = set(partitions.clashes) if partitions is not None else set()
         self.enforcer.apply(wanted, held.books.cpu.shared_pool, step)
@@ -327,6 +330,18 @@ class Commits:
             pool = held.books.cpu.shared_pool
             self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
+
+    def written_elsewhere(self, paths: set[str]) -> bool:
+        """Whether another writer changed the cpuset numad wrote in one of ``paths``
+        (workloads' cgroups whose cpuset files were just written: inotify); the caller
+        then wakes a pass, which repairs it now instead of at the period's end. Read
+        within a change, so numad's own writes (made with the lock let go) are never
+        taken for another's. Cost: two reads per path."""
+        with self.held.changing:
+            found = drifted(self.enforcer, paths)
+        if found:
+            self.log.warning("cpuset_written_elsewhere", cgroups=found[:10], count=len(found))
+        return bool(found)
 
     def partition_again(self, paths: list[str]) -> None:
         """Workload cgroups made (again: a restarted unit's) are partitions at once, not

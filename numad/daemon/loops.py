@@ -135,17 +135,27 @@ def hotplug_loop(
         stop.wait(1.0)  # the source ended or broke: open it again, not in a tight loop
 
 
-def cgroup_loop(
+class Writes(Protocol):
+    """The workloads' cgroups whose cpusets numad holds (``numad.daemon.commits.Commits``)."""
+
+    watched: frozenset[str]
+
+    def written_elsewhere(self, paths: set[str]) -> bool: ...
+
+
+def cgroup_loop(  # noqa: PLR0917 - the loop's parts
     supervisor: Supervisor,
     open_events: Callable[[], CgroupEvents],
     isolate_new: Callable[[list[str]], object],
     stop: threading.Event,
     wake_reconcile: threading.Event | None = None,
+    writes: Writes | None = None,
 ) -> None:
     """Isolate each cgroup as it appears in the managed roots (inotify), not at the
     next reconcile pass, which stays the safety net; one removed wakes the reconcile
-    loop (a released unit's settings reset, a vanished workload's grace started).
-    Without inotify numad runs on the passes alone (said once)."""
+    loop (a released unit's settings reset, a vanished workload's grace started), and
+    so does a workload's cpuset written by another (``writes``: the drift repaired
+    now). Without inotify numad runs on the passes alone (said once)."""
     try:
         events = open_events()
     except (OSError, NumadError) as err:
@@ -153,15 +163,29 @@ def cgroup_loop(
         return
     try:
         while not stop.is_set():
+            if writes is not None:
+                events.watch_writes(writes.watched)
             found = events.read(0.25)
             if found:
                 supervisor.run_once("cgroups", partial(isolate_new, found))
-            if events.removed:
-                events.removed.clear()
-                if wake_reconcile is not None:
-                    wake_reconcile.set()
+            wake = bool(events.removed)
+            events.removed.clear()
+            if events.modified and writes is not None:
+                wake |= _drifted(supervisor, writes, events.modified)
+            if wake and wake_reconcile is not None:
+                wake_reconcile.set()
     finally:
         events.close()
+
+
+def _drifted(supervisor: Supervisor, writes: Writes, modified: set[str]) -> bool:
+    """Whether a pass should repair the ``modified`` cgroups (emptied): one of them
+    was written by another, or it could not be told."""
+    paths = set(modified)
+    modified.clear()
+    found: list[bool] = []
+    ran = supervisor.run_once("drift", lambda: found.append(writes.written_elsewhere(paths)))
+    return not ran or any(found)
 
 
 class Sender(Protocol):

@@ -166,7 +166,9 @@ def _run(
     cgroup_root = getattr(daemon.cgroups, "root", None)
     if cgroup_root is not None:
         watch = partial(CgroupEvents, Path(cgroup_root), list(daemon.config.paths.managed_roots))
-        loops.append((cgroup_loop, (supervisor, watch, daemon.isolate_new, stop, wake)))
+        loops.append(
+            (cgroup_loop, (supervisor, watch, daemon.isolate_new, stop, wake, daemon.commits))
+        )
     if args.root is None:  # a recorded machine has no kernel to send uevents
         loops.append((hotplug_loop, (supervisor, udev_events, daemon.rediscover, stop)))
     if watchdog:
@@ -203,7 +205,7 @@ class _NoCgroups:
     def write(self, path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         return None
 
-    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+    def read(self, path: str, *, mems: bool = True) -> tuple[CPUSet, NodeSet]:
         return CPUSet(), NodeSet()
 
     def restore_cpus(self, cpus: CPUSet) -> None:

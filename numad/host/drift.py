@@ -1,5 +1,6 @@
 """Drift: a cpuset numad wrote, changed since by another writer (an admin, a
-service manager, a container runtime), found by reading it back each pass.
+service manager, a container runtime), found by reading it back each pass, and
+as it happens for the workloads' cgroups (``drifted``: inotify told of a write).
 
 Host side; works on the enforcer's memory of what it wrote (``numad.host.enforce``).
 Cost: one read per cgroup numad wrote (made by the pass's scan before the lock),
@@ -8,6 +9,7 @@ and per exclusive grant kept as a partition one read of its partition file.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from numad.cpuset import CPUSet, NodeSet
@@ -39,12 +41,11 @@ def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int
     repairs = 0
     reads = scan.reads if scan is not None else None
     for path, (cpus, wanted) in list(enforcer.written.items()):
-        # The mover has yet to write the mems: only the CPUs are numad's yet.
-        moving = enforcer.moves is not None and enforcer.moves.drifting(path)
-        mems = None if moving else wanted
         try:
             if reads is None:
-                now: tuple[CPUSet, NodeSet] | None = enforcer.cgroups.read(path)
+                now: tuple[CPUSet, NodeSet] | None = enforcer.cgroups.read(
+                    path, mems=wanted is not None
+                )
             elif path in reads and reads[path][0] == (cpus, wanted):
                 now = reads[path][1]
             else:
@@ -55,8 +56,7 @@ def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int
         except NumadError:
             enforcer.written.pop(path, None)  # gone or unreadable: rewrite if it is back
             continue
-        lost = _lost(enforcer, path, cpus)
-        if now_cpus.bits == cpus and (mems is None or now_mems == mems) and not lost:
+        if _holds(enforcer, path, (cpus, wanted), (now_cpus, now_mems)):
             enforcer.drift.pop(path, None)
             continue
         count, due = enforcer.drift.get(path, (0, 0))
@@ -77,6 +77,40 @@ def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int
             next_repair_in_passes=wait,
         )
     return repairs
+
+
+def drifted(enforcer: Enforcer, paths: Iterable[str]) -> list[str]:
+    """Those of ``paths`` (cgroups whose cpuset files were just written: inotify) that
+    no longer hold what numad wrote there: another writer's change, such as a
+    ``daemon-reload`` writing a unit's own ``AllowedCPUs=`` back. Reads only: the
+    caller wakes a pass, which repairs. A cgroup repaired twice in a row without a
+    clean pass between is left to the passes' backoff (a writer fighting numad gets
+    no pass per write). Cost: two reads per path."""
+    found = []
+    for path in sorted(paths):
+        value = enforcer.written.get(path)
+        if value is None or enforcer.drift.get(path, (0, 0))[0] >= 2:
+            continue  # not numad's to hold (or to be written anyway), or backing off
+        try:
+            now = enforcer.cgroups.read(path, mems=value[1] is not None)
+        except NumadError:
+            continue  # gone or unreadable: its removal is an event of its own
+        if not _holds(enforcer, path, value, now):
+            found.append(path)
+    return found
+
+
+def _holds(
+    enforcer: Enforcer, path: str, value: tuple[int, NodeSet | None], now: tuple[CPUSet, NodeSet]
+) -> bool:
+    """Whether a cgroup read back as ``now`` still holds what numad wrote (``value``)."""
+    cpus, wanted = value
+    # The mover has yet to write the mems: only the CPUs are numad's yet.
+    moving = enforcer.moves is not None and enforcer.moves.drifting(path)
+    mems = None if moving else wanted
+    now_cpus, now_mems = now
+    same = now_cpus.bits == cpus and (mems is None or now_mems == mems)
+    return same and not _lost(enforcer, path, cpus)
 
 
 def _lost(enforcer: Enforcer, path: str, cpus: int) -> bool:

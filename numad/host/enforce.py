@@ -73,8 +73,8 @@ class Enforcer:
                 listing[root] = err
         reads: dict[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]] = {}
         for path, value in list(self.written.items()):
-            try:
-                reads[path] = (value, self.cgroups.read(path))
+            try:  # the memory numad leaves alone (value[1] None) is not read
+                reads[path] = (value, self.cgroups.read(path, mems=value[1] is not None))
             except NumadError:
                 reads[path] = (value, None)
         return Scan(listing, reads)

@@ -286,14 +286,14 @@ class Isolation:
                 f" was sent before, with {older.format_list()}; those are granted once it has",
             )
 
-    def read(self, path: str) -> tuple[CPUSet, NodeSet]:
+    def read(self, path: str, *, mems: bool = True) -> tuple[CPUSet, NodeSet]:
         """The cgroup's configured sets, with what systemd may still write there."""
-        cpus, mems = self._backend(path).read(path)
+        cpus, nodes = self._backend(path).read(path, mems=mems)
         if self.record is not None and path in self.isolated:
             cpus |= self.record.may_run_on(path)
         elif self.workloads.unit_of(path) is not None:
             cpus |= self.workloads.may_run_on(path)
-        return cpus, mems
+        return cpus, nodes
 
     def read_effective(self, path: str) -> tuple[CPUSet, NodeSet]:
         return self._backend(path).read_effective(path)

@@ -5,12 +5,13 @@ of the recorded 2-socket machine: plain directories, the same IN_CREATE as cgrou
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
 
 from numad.cpuset import CPUSet
-from numad.daemon.loops import Supervisor, cgroup_loop
+from numad.daemon.loops import Supervisor, cgroup_loop, reconcile_loop
 from numad.host.cgroup.events import CgroupEvents
 from numad.host.cgroup.path import MAX_DEPTH
 from numad.host.scratch import scratch_mkdir
@@ -193,3 +194,126 @@ def test_a_new_cgroup_is_isolated_before_any_reconcile_pass(
         stop.set()
         loop.join(5)
     assert not loop.is_alive()
+
+
+def _modified_until(events: CgroupEvents, want: set[str], seconds: float = 10.0) -> set[str]:
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds  # a bound for a hung test, not a speed goal
+    while not want <= seen and time.monotonic() < deadline:
+        events.read(0.2)
+        seen |= events.modified
+        events.modified.clear()
+    return seen
+
+
+def test_writes_to_the_workloads_cpuset_files_are_reported(tmp_path: Path) -> None:
+    """A workload's cgroup written by another (a daemon-reload) is told when it
+    happens; the other cgroups' writes (numad's own, thousands) and other files not."""
+    for d in ("numad.slice/db", "numad.slice/other", "system.slice/svc"):
+        (tmp_path / d).mkdir(parents=True)
+    events = CgroupEvents(tmp_path, ["numad.slice"])
+    try:
+        events.watch_writes({"numad.slice/db", "system.slice/svc", "numad.slice/later"})
+        for d in ("numad.slice/db", "numad.slice/other", "system.slice/svc"):
+            (tmp_path / d / "cpuset.cpus").write_text("0-3\n")
+        (tmp_path / "numad.slice/db/cpu.weight").write_text("100\n")
+        (tmp_path / "system.slice/svc/cpuset.mems").write_text("0\n")
+        got = _modified_until(events, {"numad.slice/db", "system.slice/svc"})
+        assert got == {"numad.slice/db", "system.slice/svc"}
+        (tmp_path / "numad.slice/db/cpu.weight").write_text("200\n")  # not a cpuset file
+        assert _modified_until(events, {"x"}, seconds=0.3) == set()
+
+        # A workload's cgroup made after it was named: watched as it is made.
+        (tmp_path / "numad.slice/later").mkdir()
+        assert _read_until(events, {"numad.slice/later"}) == {"numad.slice/later"}
+        (tmp_path / "numad.slice/later/cpuset.cpus.partition").write_text("root\n")
+        assert _modified_until(events, {"numad.slice/later"}) == {"numad.slice/later"}
+
+        # No longer a workload's: its writes are not told, what is made in it still is.
+        events.watch_writes({"system.slice/svc"})
+        (tmp_path / "numad.slice/db/cpuset.cpus").write_text("4\n")
+        (tmp_path / "numad.slice/db/inner").mkdir()
+        assert _read_until(events, {"numad.slice/db/inner"}) == {"numad.slice/db/inner"}
+        assert events.modified == set()
+        events.watch_writes(set())  # outside the managed roots: the watch ends
+        (tmp_path / "system.slice/svc/cpuset.cpus").write_text("5\n")
+        assert _modified_until(events, {"x"}, seconds=0.3) == set()
+
+        # Made again (its unit restarted): watched again.
+        events.watch_writes({"system.slice/svc"})
+        shutil.rmtree(tmp_path / "system.slice/svc")
+        (tmp_path / "system.slice/svc").mkdir()
+        events.read(0.2)  # the old directory's watch ends
+        events.watch_writes({"system.slice/svc"})
+        (tmp_path / "system.slice/svc/cpuset.mems").write_text("1\n")
+        assert _modified_until(events, {"system.slice/svc"}) == {"system.slice/svc"}
+    finally:
+        events.close()
+
+
+def test_a_workloads_cpuset_written_by_another_is_repaired_before_the_next_pass(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Issue 23's daemon-reload gap: a workload declared by its cgroup, rewritten by
+    another writer, is repaired by a pass woken by the write, with the period at an
+    hour; numad's own writes to it wake nothing, and a writer that keeps fighting
+    numad gets no pass per write (two repairs in a row, then the passes' backoff)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    scratch_mkdir(tree, "numad.slice/web")
+    for name, cpus in (("db", 6), ("web", 2)):
+        spec = {"name": name, "cgroup": f"numad.slice/{name}", "cpus": cpus}
+        assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    db = tree / "numad.slice/db/cpuset.cpus"
+    want = db.read_text().strip()
+    online = (tree / "cpuset.cpus.effective").read_text().strip()
+    assert len(CPUSet.parse_list(want)) == 6, "the test needs numad's own placement there"
+    supervisor = Supervisor(daemon.log, daemon.metrics, daemon.health)
+    stop, wake, woken = threading.Event(), threading.Event(), threading.Event()
+    passes: list[float] = []
+
+    def reconcile() -> None:
+        passes.append(time.monotonic())
+        daemon.reconcile()
+
+    def open_events() -> CgroupEvents:
+        events = CgroupEvents(tree, ["numad.slice"])
+        woken.set()
+        return events
+
+    loops = [
+        threading.Thread(
+            target=cgroup_loop,
+            args=(supervisor, open_events, daemon.isolate_new, stop, wake, daemon.commits),
+        ),
+        threading.Thread(target=reconcile_loop, args=(supervisor, reconcile, stop, 3600.0, wake)),
+    ]
+    for loop in loops:
+        loop.start()
+    try:
+        assert woken.wait(10)
+        time.sleep(0.6)  # the loop's first rounds: the workloads' watches in place
+        repairs = daemon.repairs
+        # numad's own write (web released: its cgroup given the pool) wakes no pass.
+        daemon.release("web")
+        time.sleep(1.0)
+        assert passes == []
+        for round_ in (1, 2):
+            db.write_text(online + "\n")  # another writer: every CPU
+            deadline = time.monotonic() + 10  # a bound for a hung test; the period is an hour
+            while time.monotonic() < deadline and (db.read_text().strip() != want):
+                time.sleep(0.02)
+            assert db.read_text().strip() == want, f"write {round_} not repaired"
+            assert len(passes) == round_
+            assert daemon.repairs == repairs + round_
+        # A third in a row, with no clean pass between: left to the passes' backoff.
+        db.write_text(online + "\n")
+        time.sleep(1.0)
+        assert len(passes) == 2
+        assert db.read_text().strip() == online
+    finally:
+        stop.set()
+        wake.set()
+        for loop in loops:
+            loop.join(10)
+    assert not any(loop.is_alive() for loop in loops)

@@ -10,13 +10,18 @@ watched nor reported (the reconcile pass names them in health). A new top-level
 cgroup beside the managed roots (``machine.slice`` at the first VM) is reported too,
 not followed: numad isolates it as a whole. A watched directory that is removed
 (``rmdir``: a unit stopped, a container gone) is reported in ``removed``, so the
-daemon releases and resets at once instead of at its next pass. A scratch tree is
-plain directories: the same events.
+daemon releases and resets at once instead of at its next pass. The workloads'
+own cgroups are watched for writes to their cpuset files too (``watch_writes``):
+another writer's (a ``daemon-reload`` writing a unit's own ``AllowedCPUs=`` back) is
+reported in ``modified`` when it is made, so the drift is repaired then, not at the
+next pass. A scratch tree is plain directories: the same events.
 
 The standard library has no inotify; three libc calls through ctypes. Cost: one
 watch per directory of the managed roots (the kernel's inotify limits apply:
-``fs.inotify.max_user_watches``, 8,192 or more), nothing per event but the new
-directory's own listing.
+``fs.inotify.max_user_watches``, 8,192 or more), and one per workload cgroup outside
+them; nothing per event but the new directory's own listing. Writes are reported
+for the workloads' cgroups alone, so numad's own writes to the others (thousands
+per change on a busy host) raise no event.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import errno
 import os
 import select
 import struct
+from collections.abc import Collection
 from pathlib import Path
 
 from numad.errors import CgroupError
 from numad.host.cgroup.path import MAX_DEPTH
 
 IN_CREATE = 0x00000100
+IN_MODIFY = 0x00000002
 IN_MOVED_TO = 0x00000080
 IN_ONLYDIR = 0x01000000
 IN_ISDIR = 0x40000000
@@ -41,6 +48,10 @@ IN_IGNORED = 0x00008000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
+_MADE = IN_CREATE | IN_MOVED_TO | IN_ONLYDIR  # what a directory of a managed root is watched for
+# The files whose writes change where a workload runs (the kernel's own change of a
+# partition's state is a write of its file too: kernfs notifies it).
+CPUSET_FILES = frozenset({b"cpuset.cpus", b"cpuset.mems", b"cpuset.cpus.partition"})
 
 
 class CgroupEvents:
@@ -60,6 +71,9 @@ class CgroupEvents:
         self._paths: dict[int, str] = {}  # watch -> cgroup path ("" for the root)
         self.overflows = 0  # times the kernel's queue overflowed and events were lost
         self.removed: list[str] = []  # watched cgroups removed since the caller looked
+        self._wanted: frozenset[str] = frozenset()  # cgroups whose writes are reported
+        self._writes: dict[str, int] = {}  # of those, each watched -> its watch
+        self.modified: set[str] = set()  # of those, written since the caller looked
         self._follow("", [])
 
     def close(self) -> None:
@@ -87,12 +101,15 @@ class CgroupEvents:
             offset += _HEADER.size + size
             if mask & IN_Q_OVERFLOW:
                 overflowed = True
-            elif mask & IN_IGNORED:  # the directory is gone (numad removes no watch)
+            elif mask & IN_IGNORED:  # the directory is gone, or its write watch ended
                 gone = self._paths.pop(wd, None)
+                self._forget_writes(wd)
                 if gone and self._inside(gone):
                     self.removed.append(gone)
             elif mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) and wd in self._paths:
                 self._follow(_join(self._paths[wd], os.fsdecode(name)), found)
+            elif mask & IN_MODIFY and name in CPUSET_FILES:
+                self.modified.update(p for p, w in self._writes.items() if w == wd)
         if overflowed:
             # Events were lost (more than fs.inotify.max_queued_events at once), and
             # with them the watches of the directories they announced: every directory
@@ -102,6 +119,35 @@ class CgroupEvents:
             self._follow("", found)
         return [p for p in found if p not in self.managed]
 
+    def watch_writes(self, paths: Collection[str]) -> None:
+        """Report writes to the cpuset files of exactly ``paths`` (the workloads'
+        cgroups) from now on. A cgroup not there yet is watched once it is (each call
+        tries again; a managed root's new directory is watched as it is made). Cost:
+        one ``inotify_add_watch`` per cgroup added, removed or missing."""
+        self._wanted = frozenset(paths)
+        for path in [p for p in self._writes if p not in self._wanted]:
+            wd = self._writes.pop(path)
+            if wd in self._paths:  # still watched for what is made in it
+                self._add_watch(path)
+            else:
+                self._libc.inotify_rm_watch(self._fd, wd)
+        for path in self._wanted - self._writes.keys():
+            self._add_watch(path)
+
+    def _add_watch(self, path: str) -> int:
+        """Watch the directory ``path`` for what numad wants of it: what is made in it
+        (a managed root's), writes to its cpuset files (a workload's), or both."""
+        made = self._inside(path) or path == "" or self._above(path)
+        mask = (_MADE if made else IN_ONLYDIR) | (IN_MODIFY if path in self._wanted else 0)
+        wd = int(self._libc.inotify_add_watch(self._fd, os.fsencode(self.root / path), mask))
+        if wd >= 0 and path in self._wanted:
+            self._writes[path] = wd
+        return wd
+
+    def _forget_writes(self, wd: int) -> None:
+        for path in [p for p, w in self._writes.items() if w == wd]:
+            del self._writes[path]
+
     @staticmethod
     def top_level(path: str) -> bool:
         """Whether a reported cgroup is a top-level one (beside the managed roots)."""
@@ -109,6 +155,9 @@ class CgroupEvents:
 
     def _inside(self, path: str) -> bool:
         return any(path == m or path.startswith(m + "/") for m in self.managed)
+
+    def _above(self, path: str) -> bool:
+        return any(m.startswith(path + "/") for m in self.managed)
 
     def _follow(self, path: str, found: list[str]) -> None:
         """Watch ``path`` where it is in a managed root (with every directory below it,
@@ -118,14 +167,13 @@ class CgroupEvents:
         while pending:
             here = pending.pop()
             inside = self._inside(here)
-            above = here == "" or any(m.startswith(here + "/") for m in self.managed)
+            above = here == "" or self._above(here)
             if here and "/" not in here and not (inside or above):
                 found.append(here)  # a new top-level cgroup: reported, not followed
                 continue
             if not (inside or above) or here.count("/") >= MAX_DEPTH:
                 continue
-            full = os.fsencode(self.root / here)
-            wd = self._libc.inotify_add_watch(self._fd, full, IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
+            wd = self._add_watch(here)
             if wd < 0 and ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
                 continue  # gone already, or not a directory: nothing to isolate
             if wd >= 0:  # else out of watches (fs.inotify.max_user_watches): passes find

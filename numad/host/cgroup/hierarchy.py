@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,6 +42,21 @@ BEAT_EVERY = 256  # directories walked between two beats of a pass under way
 def is_scratch(root: Path) -> bool:
     """Whether ``root`` is a scratch tree (``numad.host.scratch``): it holds the marker."""
     return (root / SCRATCH_MARKER).is_file()
+
+
+def _linked(root: str, parts: Iterable[str]) -> bool:
+    """Whether a level of the path below the real directory ``root`` is a symbolic link
+    (one lstat per level, up to the first that does not exist: ``realpath`` would make
+    one per level of the whole path, the root's included)."""
+    here = root
+    for part in parts:
+        here = os.path.join(here, part)
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return True
+        except OSError:
+            return False  # missing (or unreadable): nothing below it is resolved either
+    return False
 
 
 class KernelMutex:
@@ -161,8 +177,11 @@ class Hierarchy:
     def _real(self, cg: CgroupPath, fence: CgroupPath) -> Path:
         """``cg``'s directory, after checking that no link leads it out of ``fence``."""
         root = str(self._real_root)  # strings, not Paths: this runs for every read of a pass
+        joined = os.path.join(root, *cg.parts)
+        if not _linked(root, cg.parts):
+            return Path(joined)  # the root is real already: nothing below it to resolve
         allowed = os.path.join(root, *fence.parts)
-        real = os.path.realpath(os.path.join(root, *cg.parts))
+        real = os.path.realpath(joined)
         if real != allowed and not real.startswith(allowed.rstrip("/") + "/"):
             where = f"the managed root {fence}" if fence.parts else "the cgroup root"
             raise CgroupError(

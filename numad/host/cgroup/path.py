@@ -8,6 +8,7 @@ disk.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from numad.errors import CgroupError
 
 DEFAULT_MANAGED_ROOTS = ("numad.slice",)
 _NAME_MAX = 255  # the kernel's limit on one cgroup (directory) name
+_CONTROL = re.compile("[\x00-\x1f\x7f]")  # no cgroup name holds a control character
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,7 @@ class CgroupPath:
                 raise CgroupError(
                     subject, f"has a {part!r} component", "write it without '.', '..' or '//'"
                 )
-            if len(part.encode()) > _NAME_MAX or any(ord(c) < 32 or c == "\x7f" for c in part):
+            if len(part.encode()) > _NAME_MAX or _CONTROL.search(part):
                 raise CgroupError(subject, f"{part!r} is not a valid cgroup name")
         return cls(parts)
 

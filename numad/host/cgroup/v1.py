@@ -90,9 +90,10 @@ class CgroupV1Backend(Hierarchy):
             mems = parent_mems if mems is not None and not mems else mems
         self._set(cg, d, cpus, mems)
 
-    def read(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
+    def read(self, path: CgroupPath | str, *, mems: bool = True) -> tuple[CPUSet, NodeSet]:
+        """The configured sets; without ``mems`` the empty set stands for cpuset.mems."""
         cg, _, d = self._locate(path)
-        return self._configured(cg, d)
+        return self._configured(cg, d, mems=mems)
 
     def restore_cpus(self, cpus: CPUSet) -> None:
         """Give the online ``cpus`` back to the managed cgroups that hold others.
@@ -134,12 +135,12 @@ class CgroupV1Backend(Hierarchy):
         with self._failures(cg, "reading cgroup.procs", d):
             return [int(pid) for pid in _controller(d).procs]
 
-    def _configured(self, cg: CgroupPath, d: Path) -> tuple[CPUSet, NodeSet]:
+    def _configured(self, cg: CgroupPath, d: Path, *, mems: bool = True) -> tuple[CPUSet, NodeSet]:
         ctl = _controller(d)
         with self._kernel_mutex, self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
             cpus = CPUSet.parse_list(ctl.get_property(b"cpuset.cpus"))
-            mems = NodeSet.parse_list(ctl.get_property(b"cpuset.mems"))
-        return cpus, mems
+            nodes = NodeSet.parse_list(ctl.get_property(b"cpuset.mems")) if mems else NodeSet()
+        return cpus, nodes
 
     def _set(self, cg: CgroupPath, d: Path, cpus: CPUSet | None, mems: NodeSet | None) -> None:
         if cpus is not None:

@@ -141,13 +141,15 @@ class CgroupV2Backend(Hierarchy):
         if mems is not None:
             self._write(cg, d / "cpuset.mems", mems.format_list())
 
-    def read(self, path: CgroupPath | str) -> tuple[CPUSet, NodeSet]:
-        """The configured sets (empty: inherited from the parent)."""
+    def read(self, path: CgroupPath | str, *, mems: bool = True) -> tuple[CPUSet, NodeSet]:
+        """The configured sets (empty: inherited from the parent); without ``mems``,
+        cpuset.mems is not read and the empty set stands for it (half the reads of a
+        pass that checks cgroups whose memory numad leaves alone)."""
         cg, _, d = self._locate(path)
         with self._kernel_mutex, self._failures(cg, "reading cpuset.cpus and cpuset.mems", d):
             cpus = _read_file(d / "cpuset.cpus")
-            mems = _read_file(d / "cpuset.mems")
-            return CPUSet.parse_list(cpus), NodeSet.parse_list(mems)
+            nodes = _read_file(d / "cpuset.mems") if mems else ""
+            return CPUSet.parse_list(cpus), NodeSet.parse_list(nodes)
 
     def restore_cpus(self, cpus: CPUSet) -> None:
         """Nothing to do: v2 keeps a CPU in cpuset.cpus while it is offline."""

@@ -637,6 +637,52 @@ def test_a_workload_unit_keeps_its_cpuset_across_a_restart() -> None:
     assert cpuset(WORKLOAD_CGROUP, "cpus") == PLACED["cpus"]
 
 
+def test_a_cgroup_workload_rewritten_by_daemon_reload_is_repaired_at_once() -> None:
+    """Issue 23: ``daemon-reload`` makes systemd write its own cpuset into the cgroup of
+    a workload declared by ``cgroup`` (systemd was told nothing of it). numad sees the
+    write (inotify) and a pass woken by it repairs the cgroup, not the period's end.
+    Sampled every 5 ms from before the reload: how long the cgroup's effective CPUs
+    differed from numad's placement, and whether its cpuset files were there."""
+    placed = PLACED["cpus"]
+    directory = CGROUP_ROOT / WORKLOAD_CGROUP
+    samples: list[tuple[float, str, bool]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                effective = (directory / "cpuset.cpus.effective").read_text().strip()
+            except OSError:
+                effective = "absent"  # the cpuset controller taken from it
+            samples.append((time.monotonic(), effective, (directory / "cpuset.cpus").exists()))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    seen = len(events())
+    try:
+        systemctl("daemon-reload")
+        reloaded = time.monotonic()
+        while time.monotonic() - reloaded < 1.0 * SLOWDOWN or samples[-1][1] != placed:
+            assert time.monotonic() - reloaded < WAIT, f"not repaired: {samples[-5:]}"
+            time.sleep(0.05)
+    finally:
+        done.set()
+        sampler.join(5)
+    off = [t for t, effective, _ in samples if effective != placed]
+    figure(
+        check="daemon-reload of a cgroup workload",
+        differed_ms=round((off[-1] - off[0]) * 1e3 + 5) if off else 0,
+        samples=len(samples),
+        files_gone=sum(1 for *_, there in samples if not there),
+        seen=sorted({e for _, e, _ in samples}),
+    )
+    assert cpuset(WORKLOAD_CGROUP, "cpus") == placed
+    if off:  # systemd wrote it: repaired by the pass its write woke
+        told = [e for e in events()[seen:] if e.get("event") == "cpuset_written_elsewhere"]
+        assert any(WORKLOAD_CGROUP in e.get("cgroups", []) for e in told), told
+
+
 # A unit with a file of its own in db.slice (a managed root), admitted by its name.
 DB_UNIT = "numad-db.service"
 DB_CGROUP = f"db.slice/{DB_UNIT}"
