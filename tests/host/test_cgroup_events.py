@@ -13,7 +13,9 @@ from pathlib import Path
 from numad.cpuset import CPUSet
 from numad.daemon.loops import Supervisor, cgroup_loop, reconcile_loop
 from numad.host.cgroup.events import CgroupEvents
+from numad.host.cgroup.hierarchy import SCRATCH_MARKER, KernelMutex
 from numad.host.cgroup.path import MAX_DEPTH
+from numad.host.drift import drifted
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
@@ -251,13 +253,21 @@ def test_writes_to_the_workloads_cpuset_files_are_reported(tmp_path: Path) -> No
         events.close()
 
 
+def other_writer(file: Path, cpus: str) -> None:
+    """Write ``cpus`` into a scratch tree's cpuset file as one step, as a write to cgroupfs
+    is: a plain file is truncated, then written, and numad (woken by the truncation)
+    could repair it between the two, leaving a torn file. The emulated kernel's lock
+    (numad reads and writes under it) makes the two one."""
+    with KernelMutex(file.parents[2] / SCRATCH_MARKER):  # sys/fs/cgroup/numad.slice/db
+        file.write_text(cpus + "\n")
+
+
 def test_a_workloads_cpuset_written_by_another_is_repaired_before_the_next_pass(
     machines: Machines, tmp_path: Path
 ) -> None:
     """Issue 23's daemon-reload gap: a workload declared by its cgroup, rewritten by
     another writer, is repaired by a pass woken by the write, with the period at an
-    hour; numad's own writes to it wake nothing, and a writer that keeps fighting
-    numad gets no pass per write (two repairs in a row, then the passes' backoff)."""
+    hour; numad's own writes to it wake nothing."""
     daemon = recorded_daemon(machines, tmp_path)
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
     scratch_mkdir(tree, "numad.slice/web")
@@ -299,21 +309,45 @@ def test_a_workloads_cpuset_written_by_another_is_repaired_before_the_next_pass(
         time.sleep(1.0)
         assert passes == []
         for round_ in (1, 2):
-            db.write_text(online + "\n")  # another writer: every CPU
+            other_writer(db, online)
             deadline = time.monotonic() + 10  # a bound for a hung test; the period is an hour
             while time.monotonic() < deadline and (db.read_text().strip() != want):
                 time.sleep(0.02)
             assert db.read_text().strip() == want, f"write {round_} not repaired"
-            assert len(passes) == round_
+            # One pass per write, or two: a write seen while the woken pass scans
+            # before taking the lock wakes another (it repairs nothing more).
+            assert round_ <= len(passes) <= 2 * round_
             assert daemon.repairs == repairs + round_
-        # A third in a row, with no clean pass between: left to the passes' backoff.
-        db.write_text(online + "\n")
-        time.sleep(1.0)
-        assert len(passes) == 2
-        assert db.read_text().strip() == online
     finally:
         stop.set()
         wake.set()
         for loop in loops:
             loop.join(10)
     assert not any(loop.is_alive() for loop in loops)
+
+
+def test_a_writer_fighting_numad_is_left_to_the_passes_backoff(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """What a reported write wakes a pass for (``drifted``): a cgroup that differs from
+    what numad wrote, unless it was repaired twice in a row with no clean pass between
+    (then only the passes repair it, less and less often); never numad's own value,
+    nor a cgroup numad did not write."""
+    daemon = recorded_daemon(machines, tmp_path)
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 6}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    db, enforcer = "numad.slice/db", daemon.enforcer
+    assert drifted(enforcer, {db}) == []  # numad's own value
+    online = (tree / "cpuset.cpus.effective").read_text().strip()
+    other_writer(tree / db / "cpuset.cpus", online)
+    assert drifted(enforcer, {db, "numad.slice/never-written"}) == [db]
+    enforcer.drift[db] = (1, 0)  # repaired once: a second wake
+    assert drifted(enforcer, {db}) == [db]
+    enforcer.drift[db] = (2, 0)  # twice in a row: the passes' backoff
+    assert drifted(enforcer, {db}) == []
+    daemon.reconcile()  # due: the pass repairs it a third time in a row, then backs off
+    assert enforcer.drift[db][0] == 3
+    assert (tree / db / "cpuset.cpus").read_text().strip() != online
+    other_writer(tree / db / "cpuset.cpus", online)
+    assert drifted(enforcer, {db}) == []
