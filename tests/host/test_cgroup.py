@@ -26,7 +26,7 @@ from numad.host.cgroup import CgroupBackend, CgroupPath, detect_backend
 from numad.host.cgroup.hierarchy import SCRATCH_MARKER
 from numad.host.cgroup.v1 import CgroupV1Backend
 from numad.host.cgroup.v2 import CgroupV2Backend
-from numad.host.scratch import make_scratch_v1, make_scratch_v2
+from numad.host.scratch import make_scratch_v1, make_scratch_v2, scratch_mkdir
 from tests.conftest import fails_at_once
 
 BLOCKED = "the backend blocked on a FIFO"  # what fails_at_once says when a call hangs
@@ -179,6 +179,91 @@ def test_a_linked_level_above_the_managed_root_is_refused(tmp_path: Path) -> Non
     with pytest.raises(CgroupError, match="symbolic link"):
         s.backend.ensure("outer.slice/numad.slice/db")
     assert not (s.root / "system.slice" / "numad.slice").exists()
+
+
+# -- listing the cgroups below one -----------------------------------------------------------
+
+
+def _tree_for_listing(root: Path) -> list[str]:
+    """Cgroups at several depths below numad.slice, each with its control files."""
+    made = ["numad.slice/a", "numad.slice/a/x", "numad.slice/a/x/deep", "numad.slice/a/y"]
+    made += ["numad.slice/b", "numad.slice/c", "numad.slice/c/z"]
+    for path in made:
+        scratch_mkdir(root, path)
+    assert (root / "numad.slice/a/x/deep/cpuset.cpus").is_file()
+    return made
+
+
+def _listed_by_os_walk(root: Path, top: str) -> list[str]:
+    """Every directory below ``top``, parents first, each level sorted: the reference."""
+    found: list[str] = []
+    for directory, children, _ in os.walk(root / top):
+        below = Path(directory).relative_to(root).as_posix()
+        children.sort()  # and walked in that order
+        found += [f"{below}/{child}" for child in children]
+    return found
+
+
+def test_descendants_lists_every_cgroup_parents_first_and_opens_no_leaf(
+    v2: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _tree_for_listing(v2.root)
+    opened: list[str] = []
+    scandir = os.scandir
+
+    def counting(path: str) -> object:
+        opened.append(os.path.relpath(path, v2.root))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    listed = v2.backend.descendants("numad.slice")
+    monkeypatch.undo()
+    assert listed == _listed_by_os_walk(v2.root, "numad.slice")
+    assert sorted(listed) == sorted(made)
+    # Only the cgroups with cgroups below them are listed: the leaves' link count says so.
+    assert sorted(opened) == ["numad.slice", "numad.slice/a", "numad.slice/a/x", "numad.slice/c"]
+
+
+def test_descendants_lists_every_directory_where_link_counts_say_nothing(
+    v2: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """btrfs, and overlayfs' merged directories, give every directory a link count of 1."""
+    made = _tree_for_listing(v2.root)
+    lstat = os.lstat
+
+    def uncounted(path: str) -> os.stat_result:
+        st = lstat(path)
+        fields = list(st)
+        fields[3] = 1 if os.path.isdir(path) else st.st_nlink  # st_nlink
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "lstat", uncounted)
+    listed = v2.backend.descendants("numad.slice")
+    monkeypatch.undo()
+    assert sorted(listed) == sorted(made)
+    assert listed == _listed_by_os_walk(v2.root, "numad.slice")
+
+
+def test_descendants_leaves_out_links_and_skips_a_cgroup_removed_meanwhile(
+    v2: Scratch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tree_for_listing(v2.root)
+    (v2.root / "numad.slice/alias").symlink_to("a")
+    scandir = os.scandir
+
+    def removing(path: str) -> object:
+        if path.endswith("/a/x"):  # rmdir'd between its parent's listing and its own
+            raise FileNotFoundError(errno.ENOENT, "gone", path)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", removing)
+    listed = v2.backend.descendants("numad.slice")
+    monkeypatch.undo()
+    assert "numad.slice/alias" not in listed
+    assert "numad.slice/a/x" in listed
+    assert "numad.slice/a/x/deep" not in listed
+    assert "numad.slice/a/y" in listed
+    assert "numad.slice/c/z" in listed
 
 
 # -- ensure ----------------------------------------------------------------------------------

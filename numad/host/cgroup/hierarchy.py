@@ -59,6 +59,31 @@ def _linked(root: str, parts: Iterable[str]) -> bool:
     return False
 
 
+def _subdirectories(directory: str) -> list[str]:
+    """The names of ``directory``'s subdirectories, sorted (the file type comes with each
+    entry: no call per entry). None when it cannot be listed: removed meanwhile, as a
+    cgroup may be at any time (``os.walk``'s rule, which the walk used before)."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _may_have_subdirectories(directory: str) -> bool:
+    """False when the link count says ``directory`` has no subdirectory: 2 (its own
+    entry and its ``.``), each subdirectory adding one (its ``..``). cgroupfs counts them
+    so (kernfs sets ``subdirs + 2``), as do ext4, xfs and tmpfs; one lstat where listing
+    a cgroup would read its 30-70 control files. A filesystem that does not count (btrfs
+    and overlayfs' merged directories say 1, ext4 past 65,000 subdirectories says 1) is
+    listed. A link says 1 too, and is not followed."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False  # removed meanwhile
+    return stat.S_ISDIR(st.st_mode) and st.st_nlink != 2
+
+
 class KernelMutex:
     """The emulated kernel's one lock, shared by every process on a scratch tree.
 
@@ -149,18 +174,27 @@ class Hierarchy:
         self, path: CgroupPath | str, beat: Callable[[], object] | None = None
     ) -> list[str]:
         """Every cgroup below ``path`` (not ``path`` itself), from the hierarchy root,
-        parents first. Links are not followed: cgroupfs has none. ``beat`` is called
+        parents first. Links are not followed: cgroupfs has none. A directory is listed
+        only where its link count shows subdirectories (``_may_have_subdirectories``): on
+        cgroupfs one lstat per leaf cgroup, one listing per parent. ``beat`` is called
         every ``BEAT_EVERY`` directories walked (a reconcile pass advancing)."""
         cg, _, d = self._locate(path)
         found: list[str] = []
-        top, start = str(d), "/".join(cg.parts)
-        with self._failures(cg, "listing the cgroups below it", d):
-            for walked, (directory, children, _) in enumerate(os.walk(top)):
-                below = directory[len(top) :].strip("/")
-                prefix = "/".join(p for p in (start, below) if p)
-                found += [f"{prefix}/{child}" if prefix else child for child in sorted(children)]
-                if beat is not None and walked % BEAT_EVERY == 0:
-                    beat()
+        stack = [("/".join(cg.parts), str(d))]
+        walked = 0
+        while stack:
+            prefix, directory = stack.pop()
+            children = _subdirectories(directory)
+            named = [f"{prefix}/{child}" if prefix else child for child in children]
+            found += named
+            for name, child in zip(reversed(named), reversed(children), strict=True):
+                below = os.path.join(directory, child)
+                if _may_have_subdirectories(below):
+                    stack.append((name, below))
+            walked += 1 + len(children)
+            if beat is not None and walked >= BEAT_EVERY:
+                walked = 0
+                beat()
         return found
 
     # -- paths -----------------------------------------------------------------------------

@@ -379,6 +379,15 @@ def test_a_cgroup_that_is_no_workloads_stays_off_exclusive_cpus(numad: Daemon) -
     wait_for(isolated, "numad to isolate the cgroup")
     pid = start_in("stray")
     assert allowed(pid)[0] == pool
+    # numad's walk lists a cgroup only where its link count shows cgroups below it: the
+    # kernel's cgroupfs (kernfs) counts 2 plus one per child cgroup, on v1 as on v2.
+    make_cgroup("stray/inner/leaf")
+    for name, below in (("stray", 1), ("stray/inner", 1), ("stray/inner/leaf", 0)):
+        assert os.lstat(cgroup(name)).st_nlink == 2 + below, name
+    children = [e for e in os.scandir(cgroup("")) if e.is_dir(follow_symlinks=False)]
+    assert os.lstat(cgroup("")).st_nlink == 2 + len(children)
+    for name in ("stray/inner/leaf", "stray/inner"):
+        cgroup(name).rmdir()
 
 
 # -- crashes, drift, the kernel's own changes ----------------------------------------------

@@ -1056,6 +1056,7 @@ def test_by_default_partitions_where_offered_and_permitted() -> None:
             **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
             **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
             **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
+            **{f"passes_n_mean_s_p99_within_s_{n}_strays": PASSES[n] for n in costs},
         )
         restart_with(BASE + PARTITIONS_ON)  # asked for: the kernel's own refusal
         problems = api("GET", "/v1/health")["problems"]
@@ -1128,6 +1129,7 @@ def partitioned(booked: CPUSet) -> None:
         **{f"lock_p99_within_s_{n}_strays": LOCK_P99[n] for n in costs},
         **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
         **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
+        **{f"passes_n_mean_s_p99_within_s_{n}_strays": PASSES[n] for n in costs},
     )
 
 
@@ -1165,6 +1167,7 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
     out = []
     before = histogram("numad_lock_held_seconds")
     waits_before = histogram("numad_lock_wait_seconds")
+    passes_before = histogram("numad_reconcile_duration_seconds")
     reader = Reader()
     try:
         for _ in range(cycles):
@@ -1184,6 +1187,15 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
         # What takers of the lock waited (the reader's requests, the changes, any pass):
         # a reader waits at most 50 ms for a change's writes, then gets in beside them.
         LOCK_WAIT_P99[strays] = p99_since("numad_lock_wait_seconds", waits_before)
+        # The reconcile passes meanwhile, each a walk of the managed roots: count, mean
+        # seconds, p99 bucket.
+        passes = histogram("numad_reconcile_duration_seconds")
+        count = passes[1] - passes_before[1]
+        PASSES[strays] = [
+            count,
+            round((passes[2] - passes_before[2]) / count, 3) if count else 0.0,
+            p99_since("numad_reconcile_duration_seconds", passes_before),
+        ]
         READS_MS[strays] = [
             len(reads),
             round(sorted(reads)[len(reads) // 2] * 1e3),
@@ -1200,6 +1212,7 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
 LOCK_P99: dict[int, float] = {}  # strays -> the lock's p99 bucket over admission_seconds
 LOCK_WAIT_P99: dict[int, float] = {}  # strays -> the p99 bucket of the waits for it
 READS_MS: dict[int, list[int]] = {}  # strays -> the reader's reads: count, median, max (ms)
+PASSES: dict[int, list[float]] = {}  # strays -> passes during admission_seconds (see there)
 
 
 class Reader:
