@@ -18,6 +18,11 @@ from numad.host.exclusive import Partitions
 from numad.host.targets import Cgroups, Log, Moves, Scan
 from numad.observe import EnforcementCounters
 
+# The repair in a row from which a cgroup that keeps drifting is repaired less and less
+# often: that one waits 2 passes, the next 4, ... up to 64 (``find_drift``). A write seen
+# as it happens (``drifted``) wakes no pass for a cgroup whose next repair would wait.
+BACKOFF_FROM = 3
+
 
 class Enforcer(Protocol):
     """What drift is found on (``numad.host.enforce.Enforcer``)."""
@@ -63,7 +68,7 @@ def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int
         if passes < due:
             continue  # backing off
         count += 1
-        wait = 0 if count < 3 else min(64, 2 ** (count - 2))
+        wait = 0 if count < BACKOFF_FROM else min(64, 2 ** (count - BACKOFF_FROM + 1))
         enforcer.drift[path] = (count, passes + wait)
         enforcer.written.pop(path)
         enforcer.metrics.drift_repairs.inc()
@@ -89,7 +94,7 @@ def drifted(enforcer: Enforcer, paths: Iterable[str]) -> list[str]:
     found = []
     for path in sorted(paths):
         value = enforcer.written.get(path)
-        if value is None or enforcer.drift.get(path, (0, 0))[0] >= 2:
+        if value is None or enforcer.drift.get(path, (0, 0))[0] + 1 >= BACKOFF_FROM:
             continue  # not numad's to hold (or to be written anyway), or backing off
         try:
             now = enforcer.cgroups.read(path, mems=value[1] is not None)
