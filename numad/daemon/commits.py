@@ -30,6 +30,7 @@ from numad.host.drift import drifted
 from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
+from numad.host.strays import outermost
 from numad.host.targets import Listing, Log, Target, related_to, targets
 from numad.observe import Problems
 from numad.placement.admission import Books
@@ -235,6 +236,8 @@ class Commits:
             self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
             tops = {p for p in held.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
         held.others = (inside | tops) - owned
+        if not self.isolation.v1:  # each bounds the cgroups below it
+            held.others = outermost(held.others)
         if held.outside:  # not theirs, nor below them: what runs there is theirs
             mine = [c for n in held.outside for c in held.cgroups_of(held.specs[n])]
             held.others = {p for p in held.others if not any(_within(p, c) for c in mine)}
@@ -323,6 +326,8 @@ class Commits:
                 and p not in held.orphans
                 and not related_to(p, mine)
             ]
+            if not self.isolation.v1:  # one below a cgroup numad isolates is kept off already
+                new = sorted(outermost(set(new), held.others))
             if not new:
                 return
             held.others |= set(new)

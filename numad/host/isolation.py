@@ -175,14 +175,16 @@ class Isolation:
 
     def mark(self, paths: set[str], owned: set[str]) -> list[str]:
         """The cgroups isolated from now on; returns those that left the set. One
-        that left is a workload's now (``owned``: its record is dropped), above one
-        (it gets its own setting back), or gone (nothing to give back)."""
+        that left is a workload's now (``owned``: its record is dropped), above one or
+        below an isolated one (cgroup v2: it gets its own setting back, so it follows
+        its parent's), or gone (nothing to give back)."""
         left = sorted(self.isolated - paths)
         dropped = []
         for path in sorted(set(self.originals) - paths):
             gone = path in owned or not self._exists(path)  # not numad's to give back
             above = any(o.startswith(path + "/") for o in owned)
-            if gone or (above and self._give_back(path) is None):
+            bounded = path.rpartition("/")[0] in paths
+            if gone or ((above or bounded) and self._give_back(path) is None):
                 dropped.append(path)
         for path in dropped:
             del self.originals[path]

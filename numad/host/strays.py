@@ -5,12 +5,13 @@ isolates one by one. Not a container's cgroup, nor above one (a pod's), nor belo
 one (the container's own business: it only sees the container's CPUs). Cgroups
 ``MAX_DEPTH`` levels deep or more are left out, with a problem naming them. Cost:
 one prefix test per listed cgroup and workload cgroup; the listing is the pass's
-scan, made before the daemon's lock.
+scan, made before the daemon's lock. On cgroup v2 only the outermost strays are
+written (``outermost``): each bounds every cgroup below it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from numad.errors import NumadError
 from numad.host.cgroup.path import MAX_DEPTH
@@ -53,3 +54,20 @@ def unmanaged(  # noqa: PLR0917 - the pass's parts
             problems.clear(f"depth:{root}")
         found.update(path for path in below if not related_to(path, mine))
     return found
+
+
+def outermost(paths: Collection[str], isolated: Collection[str] = ()) -> set[str]:
+    """Of ``paths`` (cgroups to isolate), those with no ancestor among them or
+    ``isolated`` already. On cgroup v2 a cgroup's effective CPUs lie within its parent's,
+    whatever its own setting, so an ancestor's write keeps every cgroup below it, made
+    before or after, off the exclusive CPUs: 12,500 strays three deep in 2,500 pods under
+    one ``kubepods`` are one write. (cgroup v1 checks each child's setting against its
+    parent's instead, so there every cgroup is written.) Cost: a set lookup per level of
+    each path."""
+    return {p for p in paths if not any(a in paths or a in isolated for a in _ancestors(p))}
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    while "/" in path:
+        path = path.rpartition("/")[0]
+        yield path

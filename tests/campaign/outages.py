@@ -191,10 +191,16 @@ def _enforced(sim: Simulation, drifted: str | None, stray: str) -> None:
             drifted not in sim.drifted or named(drifted), f"{drifted}: drift left on a full disk"
         )
     exclusive = sim.daemon.books.cpu.exclusive
-    for path in sorted({"/".join(stray.split("/")[:2]), stray}):
-        text = (sim.cgroups / path / "cpuset.cpus").read_text().strip()
-        isolated = bool(text) and not CPUSet.parse_list(text).bits & exclusive
-        sim.expect(isolated or named(path), f"{path}: not isolated on a full disk ({text!r})")
+    top = "/".join(stray.split("/")[:2])
+    text = (sim.cgroups / top / "cpuset.cpus").read_text().strip()
+    isolated = bool(text) and not CPUSet.parse_list(text).bits & exclusive
+    sim.expect(isolated or named(top), f"{top}: not isolated on a full disk ({text!r})")
+    if stray != top:  # cgroup v2: bounded by the top one, whatever its own file holds
+        runs_on = CPUSet.from_bits(sim.runs_on(stray))
+        sim.expect(
+            not runs_on.bits & exclusive or named(top),
+            f"{stray}: runs on {runs_on} on a full disk",
+        )
 
 
 def unreadable_cpuset(sim: Simulation) -> None:

@@ -218,6 +218,13 @@ class Simulation:
                 return CPUSet.parse_list(text).bits
         return CPUSet.parse_list((self.cgroups / "cpuset.cpus.effective").read_text()).bits
 
+    def runs_on(self, path: str) -> int:
+        """The CPUs a cgroup's processes may run on, as the (emulated) kernel says: on
+        cgroup v2 its own setting masked by its parent's, so a cgroup below an isolated one
+        runs on the shared pool whatever its own file holds."""
+        f = self.cgroups / path / "cpuset.cpus.effective"
+        return CPUSet.parse_list(f.read_text()).bits if f.is_file() else self.applied_above(path)
+
     def held_files(self) -> dict[str, int]:
         """Each cgroup's CPUs as its file holds them (an empty file: none of its own);
         one whose cpuset cannot be read, what its nearest readable ancestor applies."""
@@ -343,8 +350,10 @@ class Simulation:
 
     def _settled_strays(self) -> None:
         """Every cgroup that is no workload's (inside numad.slice, or top-level) runs
-        on the shared pool, never on an exclusive CPU nor on every CPU."""
-        exclusive = self.daemon.books.cpu.exclusive
+        on the shared pool, never on an exclusive CPU nor on every CPU: its own file
+        names them where nothing above it bounds it, its effective set does below."""
+        books = self.daemon.books.cpu
+        exclusive, pool = books.exclusive, books.shared_pool
         mine = {spec.cgroup for spec in self.daemon.specs.values()}
         tops = [self.cgroups / t / "cpuset.cpus" for t in TOPS]
         for f in [*(self.cgroups / "numad.slice").glob("**/*/cpuset.cpus"), *tops]:
@@ -356,6 +365,21 @@ class Simulation:
             ):
                 continue
             cpus = CPUSet.parse_list(f.read_text()).bits
-            if not cpus or cpus & exclusive:
+            if stray.count("/") > 1 and self._bounded(stray):
+                cpus = self.runs_on(stray)  # below an isolated stray: its own file is its own
+                if cpus & ~pool:
+                    where = CPUSet.from_bits(cpus).format_list()
+                    raise Violation(f"{stray}, no workload's, below another, runs on {where}")
+            elif not cpus or cpus & exclusive:
                 where = CPUSet.from_bits(cpus).format_list() or "every CPU (inherited)"
                 raise Violation(f"{stray}, no workload's, runs on {where}")
+
+    def _bounded(self, path: str) -> bool:
+        """Whether an ancestor below numad.slice holds the shared pool in its own file."""
+        pool = self.daemon.books.cpu.shared_pool
+        parts = path.split("/")
+        for depth in range(2, len(parts)):
+            f = self.cgroups.joinpath(*parts[:depth], "cpuset.cpus")
+            if f.is_file() and f.read_text().strip():
+                return CPUSet.parse_list(f.read_text()).bits == pool
+        return False

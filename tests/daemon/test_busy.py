@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from numad.cpuset import CPUSet
 from numad.daemon.holdings import TimedLock
 from numad.host import durable, isolation_file
 from numad.host.cgroup.path import MAX_DEPTH
@@ -76,17 +77,24 @@ def test_requests_and_passes_are_measured_in_the_lock_histogram(
 
 
 def test_a_deep_chain_is_bounded_and_named_in_health(machines: Machines, tmp_path: Path) -> None:
-    """A 200-deep chain in a managed root: isolated down to the bound, the rest named
-    in health. Before: every level was isolated, each write resolving every level
-    above it (a 400-deep chain took 9 minutes a pass)."""
+    """A 200-deep chain in a managed root: its outermost level is isolated, which bounds
+    every level below it (cgroup v2), and the levels past the bound are named in health.
+    Before: every level was isolated, each write resolving every level above it (a
+    400-deep chain took 9 minutes a pass)."""
     daemon = recorded_daemon(machines, tmp_path)
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
     chain = "numad.slice/" + "/".join(f"d{i}" for i in range(200))
     scratch_mkdir(tree, chain)
     daemon.reconcile()
-    deep = {p for p in daemon.others if p.startswith("numad.slice/d0")}
-    assert max(p.count("/") for p in deep) == MAX_DEPTH - 1
-    assert len(deep) == MAX_DEPTH - 1
+    assert {p for p in daemon.others if p.startswith("numad.slice/d0")} == {"numad.slice/d0"}
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    inside = "/".join(chain.split("/")[:MAX_DEPTH])  # the deepest level within the bound
+    assert inside.count("/") == MAX_DEPTH - 1
+    cpus = CPUSet.parse_list((tree / inside / "cpuset.cpus.effective").read_text())
+    assert cpus == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert not cpus & exclusive
     problems = [p for p in daemon.problems if "levels or more deep" in p]
     assert len(problems) == 1
     assert problems[0].startswith(f"numad.slice/{'/'.join(f'd{i}' for i in range(MAX_DEPTH))}:")

@@ -15,8 +15,9 @@ import pytest
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import CgroupError
+from numad.host.cgroup import detect_backend
 from numad.host.cgroup.v2 import CgroupV2Backend
-from numad.host.scratch import scratch_mkdir
+from numad.host.scratch import make_scratch_v1, scratch_mkdir
 from numad.host.systemd_bus import SystemdError
 from numad.host.unmovable import unmovable
 from tests.conftest import Machines, recorded_daemon, restarted_daemon
@@ -28,6 +29,11 @@ def _tree(daemon: Daemon) -> Path:
 
 def _cpus(daemon: Daemon, path: str) -> CPUSet:
     return CPUSet.parse_list((_tree(daemon) / path / "cpuset.cpus").read_text())
+
+
+def _effective(daemon: Daemon, path: str) -> CPUSet:
+    """The CPUs the (emulated) kernel lets the cgroup's processes run on."""
+    return CPUSet.parse_list((_tree(daemon) / path / "cpuset.cpus.effective").read_text())
 
 
 def _admit(daemon: Daemon, spec: dict[str, object]) -> None:
@@ -55,13 +61,83 @@ def test_a_cgroup_that_is_no_workloads_never_runs_on_exclusive_cpus(
     exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
     pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
     for path in ("numad.slice/stray", "numad.slice/stray/child", "numad.slice/pod/sidecar"):
+        assert _effective(daemon, path) == pool, path
+        assert not _effective(daemon, path) & exclusive
+    for path in ("numad.slice/stray", "numad.slice/pod/sidecar"):
         assert _cpus(daemon, path) == pool, path
-        assert not _cpus(daemon, path) & exclusive
+    # cgroup v2: below an isolated cgroup, bounded by it, and not written (nor one made later)
+    assert _cpus(daemon, "numad.slice/stray/child") == CPUSet()
+    scratch_mkdir(_tree(daemon), "numad.slice/stray/child/later")
+    daemon.isolate_new(["numad.slice/stray/child/later"])  # the event its mkdir raises
+    assert _cpus(daemon, "numad.slice/stray/child/later") == CPUSet()
+    daemon.reconcile()
+    assert _cpus(daemon, "numad.slice/stray/child/later") == CPUSet()
+    assert _effective(daemon, "numad.slice/stray/child/later") == pool
     assert _cpus(daemon, "numad.slice/pod") == CPUSet()  # above a workload: untouched
     assert _cpus(daemon, "numad.slice/db/runtime-child") == CPUSet()  # db's own business
-    assert "numad.slice/stray" in daemon.others
-    daemon.release("db")  # the pool grows: so do the isolated cgroups
-    assert _cpus(daemon, "numad.slice/stray") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert {"numad.slice/stray", "numad.slice/pod/sidecar"} <= daemon.others
+    assert not {p for p in daemon.others if p.startswith("numad.slice/stray/")}
+    daemon.release("db")  # the pool grows: so do the isolated cgroups, and those below
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert _cpus(daemon, "numad.slice/stray") == pool
+    assert _effective(daemon, "numad.slice/stray/child/later") == pool
+
+
+def test_on_cgroup_v1_every_cgroup_below_an_isolated_one_is_written_too(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """cgroup v1 checks a child's cpuset.cpus against its parent's (and a v1 cgroup
+    with no CPUs of its own takes no task): every level is written, deepest first."""
+    daemon = recorded_daemon(machines, tmp_path)
+    daemon.stop()
+    root = Path(str(daemon.fs.root))
+    tree = root / "sys/fs/cgroup"
+    online = CPUSet.from_bits(daemon.books.cpu.shared_pool | daemon.books.cpu.exclusive)
+    shutil.rmtree(tree)
+    nested = ["numad.slice/stray", "numad.slice/stray/child", "numad.slice/stray/child/leaf"]
+    make_scratch_v1(tree, online, NodeSet.parse_list("0-1"), ["numad.slice/db", *nested])
+    backend = detect_backend(tree, daemon.config.paths.managed_roots)
+    v1 = Daemon(daemon.config, daemon.fs, backend, daemon.state_dir, daemon.log)
+    v1.start()
+    assert v1.isolation.v1
+    _admit(v1, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    pool = CPUSet.from_bits(v1.books.cpu.shared_pool)
+    assert set(nested) <= v1.others
+    for path in nested:
+        assert CPUSet.parse_list((tree / "cpuset" / path / "cpuset.cpus").read_text()) == pool
+
+
+def test_a_cgroup_isolated_that_comes_to_lie_below_another_gets_its_own_setting_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """A pod released: its sidecar, isolated while the pod was above a workload, now lies
+    below the pod, which numad isolates; it gets its own (empty) setting back, so it
+    follows the pod's as the pool changes (cgroup v2)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(_tree(daemon), "numad.slice/pod/sidecar")
+    main = {"name": "main", "cgroup": "main", "cpus": 4}
+    _admit(daemon, {"name": "pod", "cgroup": "numad.slice/pod", "containers": [main]})
+    scratch_mkdir(_tree(daemon), "numad.slice/pod/main")
+    daemon.reconcile()
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    assert _cpus(daemon, "numad.slice/pod/sidecar") == CPUSet.from_bits(
+        daemon.books.cpu.shared_pool
+    )
+    daemon.release("pod")
+    daemon.reconcile()
+    assert "numad.slice/pod" in daemon.others
+    assert "numad.slice/pod/sidecar" not in daemon.others
+    assert _cpus(daemon, "numad.slice/pod/sidecar") == CPUSet()  # its own, given back
+    daemon.release("db")  # the pool grows: the sidecar with it, through the pod
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert _cpus(daemon, "numad.slice/pod") == pool
+    assert _effective(daemon, "numad.slice/pod/sidecar") == pool
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    assert not _effective(daemon, "numad.slice/pod/sidecar") & exclusive
+    daemon.stop()
+    assert _cpus(daemon, "numad.slice/pod") == CPUSet()
+    assert _cpus(daemon, "numad.slice/pod/sidecar") == CPUSet()
 
 
 def test_a_cgroup_admitted_later_is_no_longer_isolated(machines: Machines, tmp_path: Path) -> None:
