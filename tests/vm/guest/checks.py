@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,18 @@ def make_cgroup(name: str) -> Path:
     return path
 
 
+def _removed(path: Path) -> bool:
+    """rmdir, where the kernel lets it: a cgroup whose last task just exited may be busy
+    a moment longer."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 PROCS: dict[str, subprocess.Popen[bytes]] = {}
 
 
@@ -386,8 +399,26 @@ def test_a_cgroup_that_is_no_workloads_stays_off_exclusive_cpus(numad: Daemon) -
         assert os.lstat(cgroup(name)).st_nlink == 2 + below, name
     children = [e for e in os.scandir(cgroup("")) if e.is_dir(follow_symlinks=False)]
     assert os.lstat(cgroup("")).st_nlink == 2 + len(children)
-    for name in ("stray/inner/leaf", "stray/inner"):
-        cgroup(name).rmdir()
+    # Below an isolated cgroup: on v2 bounded by it from its mkdir (numad writes nothing
+    # there); on v1 numad writes it (a v1 cgroup without CPUs of its own takes no task).
+    leaf = "stray/inner/leaf"
+    off = lambda: (
+        bool(cpuset_file(leaf, "cpus.effective"))
+        and not (  # noqa: E731
+            CPUSet.parse_list(cpuset_file(leaf, "cpus.effective")) & taken
+        )
+    )
+    wait_for(off, "the cgroup below an isolated one off the exclusive CPUs")
+    pid = start_in(leaf)
+    assert not allowed(pid)[0] & taken, allowed(pid)
+    if not V1:
+        assert cpuset_file(leaf, "cpus") == ""
+        assert cpuset_file("stray/inner", "cpus") == ""
+    proc = PROCS.pop(leaf)
+    proc.kill()
+    proc.wait()
+    for name in (leaf, "stray/inner"):
+        wait_for(partial(_removed, cgroup(name)), f"{name} removed")
 
 
 # -- crashes, drift, the kernel's own changes ----------------------------------------------
