@@ -30,7 +30,7 @@ from numad.host.drift import drifted
 from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
-from numad.host.strays import outermost
+from numad.host.strays import around, outermost
 from numad.host.targets import Listing, Log, Target, related_to, targets
 from numad.observe import Problems
 from numad.placement.admission import Books
@@ -199,10 +199,31 @@ class Commits:
         held = self.held
         mine = held.cgroups_of(spec)
         gone = {p for p in held.others if related_to(p, mine)}
-        if gone:
-            held.others = held.others - gone  # a new set: a reader may be sorting the old
-            for path in self.isolation.mark(held.others, held.owned()):
+        if not gone:
+            return
+        others = held.others - gone  # a new set: a reader may be sorting the old
+        above = [p for p in gone if any(m.startswith(p + "/") for m in mine)]
+        if above and not self.isolation.v1:  # those bounded it bounded: a walk below it
+            found = self.enforcer.unmanaged(above, held.specs.values()) - held.orphans
+            others |= outermost(found - held.owned(), others)
+        self.isolate(others)
+
+    def isolate(self, others: set[str]) -> None:
+        """``others`` isolated from now on. cgroup v2: a cgroup given back now bounded
+        the strays below it (a workload's cgroup lies below it now), or is bounded now
+        by one above it (a pod released: its sidecar); those new are written first, so
+        that none runs unbounded between (``outermost``)."""
+        held, isolation = self.held, self.isolation
+        leaving = held.others - others
+        fresh = [] if isolation.v1 else around(others - held.others, leaving)
+        if fresh:  # recorded, written, and only then the others given back
+            for path in isolation.mark(others | leaving, held.owned()):
                 self.enforcer.forget(path)
+            pool = held.books.cpu.shared_pool
+            self.enforcer.share([Target(p, pool, None, exclusive=False) for p in fresh], pool)
+        held.others = others
+        for path in isolation.mark(others, held.owned()):
+            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
 
     def find_others(self, listing: Listing | None = None) -> None:
         """The cgroups that are no workload's, isolated as they appear: the other
@@ -235,14 +256,13 @@ class Commits:
         except NumadError as err:
             self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
             tops = {p for p in held.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
-        held.others = (inside | tops) - owned
+        others = (inside | tops) - owned
         if not self.isolation.v1:  # each bounds the cgroups below it
-            held.others = outermost(held.others)
+            others = outermost(others)
         if held.outside:  # not theirs, nor below them: what runs there is theirs
             mine = [c for n in held.outside for c in held.cgroups_of(held.specs[n])]
-            held.others = {p for p in held.others if not any(_within(p, c) for c in mine)}
-        for path in self.isolation.mark(held.others, owned):
-            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
+            others = {p for p in others if not any(_within(p, c) for c in mine)}
+        self.isolate(others)
 
     def beside_partitions(self) -> set[str]:
         """With partitions, the cgroups still isolated one by one: those beside a

@@ -71,3 +71,10 @@ def _ancestors(path: str) -> Iterator[str]:
     while "/" in path:
         path = path.rpartition("/")[0]
         yield path
+
+
+def around(paths: Iterable[str], others: Collection[str]) -> list[str]:
+    """Those of ``paths`` that lie below or above one of ``others``, sorted. Cost: a set
+    lookup per level of each path and of each of ``others``."""
+    above = {a for o in others for a in _ancestors(o)}
+    return sorted(p for p in paths if p in above or any(a in others for a in _ancestors(p)))

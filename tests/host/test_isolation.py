@@ -83,6 +83,58 @@ def test_a_cgroup_that_is_no_workloads_never_runs_on_exclusive_cpus(
     assert _effective(daemon, "numad.slice/stray/child/later") == pool
 
 
+def _watch_every_write(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, strays: list[str], held: str
+) -> list[str]:
+    """After each cgroup write numad makes, what each of ``strays`` runs on (the emulated
+    kernel's effective set) must hold none of the exclusive CPUs that ``held`` holds in
+    effect then; each breach is returned, named by the write that made it."""
+    backend = daemon.isolation.cgroups
+    real = backend.write
+    breaches: list[str] = []
+
+    def write(path: str, cpus: CPUSet | None, mems: NodeSet | None) -> None:
+        real(path, cpus, mems)
+        exclusive = _effective(daemon, held) & CPUSet.from_bits(daemon.books.cpu.exclusive)
+        for stray in strays:
+            if (_tree(daemon) / stray).is_dir() and _effective(daemon, stray) & exclusive:
+                breaches.append(f"after writing {path}: {stray} on {_effective(daemon, stray)}")
+
+    monkeypatch.setattr(backend, "write", write)
+    return breaches
+
+
+def test_admitted_below_an_isolated_cgroup_the_strays_beside_it_are_bounded_first(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workload admitted in a pod below ``kubepods``, which numad isolated (it bounded
+    every pod): ``kubepods`` is above a workload now and gets its own setting back, so
+    the other pods, and the pod's other container, are written first, at no instant
+    running on the exclusive CPUs of another workload (cgroup v2)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    strays = ["kubepods/pod0/c0", "kubepods/pod1/c0", "kubepods/pod1/c1"]
+    for path in strays:
+        scratch_mkdir(_tree(daemon), f"numad.slice/{path}")
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    daemon.reconcile()
+    assert "numad.slice/kubepods" in daemon.others
+    assert not {p for p in daemon.others if p.startswith("numad.slice/kubepods/")}
+    others = ["numad.slice/kubepods/pod0", "numad.slice/kubepods/pod0/c0"]
+    others += ["numad.slice/kubepods/pod1/c0"]
+    breaches = _watch_every_write(daemon, monkeypatch, others, "numad.slice/db")
+    _admit(daemon, {"name": "c1", "cgroup": "numad.slice/kubepods/pod1/c1", "cpus": 4})
+    assert not breaches, breaches
+    assert {"numad.slice/kubepods/pod0", "numad.slice/kubepods/pod1/c0"} <= daemon.others
+    assert "numad.slice/kubepods" not in daemon.others
+    assert _cpus(daemon, "numad.slice/kubepods") == CPUSet()  # its own, given back
+    exclusive = CPUSet.from_bits(daemon.books.cpu.exclusive)
+    for path in others:
+        assert not _effective(daemon, path) & exclusive, path
+    daemon.reconcile()  # the pass agrees
+    assert {"numad.slice/kubepods/pod0", "numad.slice/kubepods/pod1/c0"} <= daemon.others
+    assert not breaches, breaches
+
+
 def test_on_cgroup_v1_every_cgroup_below_an_isolated_one_is_written_too(
     machines: Machines, tmp_path: Path
 ) -> None:
@@ -108,7 +160,7 @@ def test_on_cgroup_v1_every_cgroup_below_an_isolated_one_is_written_too(
 
 
 def test_a_cgroup_isolated_that_comes_to_lie_below_another_gets_its_own_setting_back(
-    machines: Machines, tmp_path: Path
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pod released: its sidecar, isolated while the pod was above a workload, now lies
     below the pod, which numad isolates; it gets its own (empty) setting back, so it
@@ -123,8 +175,12 @@ def test_a_cgroup_isolated_that_comes_to_lie_below_another_gets_its_own_setting_
     assert _cpus(daemon, "numad.slice/pod/sidecar") == CPUSet.from_bits(
         daemon.books.cpu.shared_pool
     )
+    breaches = _watch_every_write(
+        daemon, monkeypatch, ["numad.slice/pod/sidecar"], "numad.slice/db"
+    )
     daemon.release("pod")
     daemon.reconcile()
+    assert not breaches, breaches  # the pod was written before the sidecar was given back
     assert "numad.slice/pod" in daemon.others
     assert "numad.slice/pod/sidecar" not in daemon.others
     assert _cpus(daemon, "numad.slice/pod/sidecar") == CPUSet()  # its own, given back
