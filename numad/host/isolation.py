@@ -36,6 +36,7 @@ from typing import Any
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, CheckpointError, NumadError
 from numad.host import isolation_file
+from numad.host.strays import below_any
 from numad.host.systemd_units import Units
 from numad.host.targets import Cgroups, Deferred, Log
 from numad.host.unit_record import UnitRecord
@@ -183,7 +184,7 @@ class Isolation:
         for path in sorted(set(self.originals) - paths):
             gone = path in owned or not self._exists(path)  # not numad's to give back
             above = any(o.startswith(path + "/") for o in owned)
-            bounded = path.rpartition("/")[0] in paths
+            bounded = not self.v1 and below_any(path, paths)
             if gone or ((above or bounded) and self._give_back(path) is None):
                 dropped.append(path)
         for path in dropped:

@@ -64,7 +64,7 @@ def outermost(paths: Collection[str], isolated: Collection[str] = ()) -> set[str
     one ``kubepods`` are one write. (cgroup v1 checks each child's setting against its
     parent's instead, so there every cgroup is written.) Cost: a set lookup per level of
     each path."""
-    return {p for p in paths if not any(a in paths or a in isolated for a in _ancestors(p))}
+    return {p for p in paths if not below_any(p, paths) and not below_any(p, isolated)}
 
 
 def _ancestors(path: str) -> Iterator[str]:
@@ -73,8 +73,13 @@ def _ancestors(path: str) -> Iterator[str]:
         yield path
 
 
+def below_any(path: str, others: Collection[str]) -> bool:
+    """Whether ``path`` lies below one of ``others``."""
+    return any(a in others for a in _ancestors(path))
+
+
 def around(paths: Iterable[str], others: Collection[str]) -> list[str]:
     """Those of ``paths`` that lie below or above one of ``others``, sorted. Cost: a set
     lookup per level of each path and of each of ``others``."""
     above = {a for o in others for a in _ancestors(o)}
-    return sorted(p for p in paths if p in above or any(a in others for a in _ancestors(p)))
+    return sorted(p for p in paths if p in above or below_any(p, others))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import numad.daemon.commits as commits_module
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import CgroupError
@@ -133,6 +134,31 @@ def test_admitted_below_an_isolated_cgroup_the_strays_beside_it_are_bounded_firs
     daemon.reconcile()  # the pass agrees
     assert {"numad.slice/kubepods/pod0", "numad.slice/kubepods/pod1/c0"} <= daemon.others
     assert not breaches, breaches
+
+
+def test_after_an_upgrade_the_cgroups_an_older_numad_wrote_below_a_stray_are_given_back(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A numad before 2026-12-05 wrote every stray, nested ones too, and was killed. The
+    next keeps only the outermost isolated: those below get their own setting back at
+    its first pass (two levels down too), after the outermost one holds the pool."""
+    daemon = recorded_daemon(machines, tmp_path)
+    nested = ["numad.slice/pod", "numad.slice/pod/c", "numad.slice/pod/c/inner"]
+    for path in nested:
+        scratch_mkdir(_tree(daemon), path)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    with monkeypatch.context() as old:  # every level isolated, as before
+        old.setattr(commits_module, "outermost", lambda paths, isolated=(): set(paths))
+        daemon.reconcile()
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert [_cpus(daemon, p) for p in nested] == [pool] * 3
+    new = restarted_daemon(daemon)  # killed: nothing given back; the record says what
+    assert new.others >= {"numad.slice/pod"}
+    assert not {p for p in new.others if p.startswith("numad.slice/pod/")}
+    assert _cpus(new, "numad.slice/pod") == pool
+    assert _cpus(new, "numad.slice/pod/c") == CPUSet()
+    assert _cpus(new, "numad.slice/pod/c/inner") == CPUSet()
+    assert _effective(new, "numad.slice/pod/c/inner") == pool
 
 
 def test_on_cgroup_v1_every_cgroup_below_an_isolated_one_is_written_too(
