@@ -21,6 +21,7 @@ from numad.cpuset import CPUSet, NodeSet
 from numad.daemon import state
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
+from numad.daemon.others import Others
 from numad.daemon.restore import reserved_setting
 from numad.errors import CheckpointError, NumadError
 from numad.host import durable
@@ -30,7 +31,7 @@ from numad.host.drift import drifted
 from numad.host.enforce import Enforcer
 from numad.host.irqs import IrqAffinity
 from numad.host.isolation import Isolation
-from numad.host.strays import around, outermost
+from numad.host.strays import outermost
 from numad.host.targets import Listing, Log, Target, related_to, targets
 from numad.observe import Problems
 from numad.placement.admission import Books
@@ -58,6 +59,7 @@ class Commits:
         self.isolation = isolation
         self.irqs = irqs
         self.syscalls = durable.SYSCALLS  # the checkpoint's writes (a seam for fault injection)
+        self.others = Others(held, config, log, health, enforcer, isolation)
         self.watched: frozenset[str] = frozenset()  # the workloads' cgroups, as last enforced
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
@@ -132,9 +134,9 @@ class Commits:
         # The release of a workload outside the managed roots changes what its top-level
         # cgroup keeps: the others are found anew (rare: a root taken out of the config).
         if changed is None or self.outside(changed):
-            self.find_others(listing)
+            self.others.find(listing)
         else:
-            self.leave_others(changed)
+            self.others.leave(changed)
         self.isolation.workloads.own(self.units(), held.orphans)  # told through systemd
         memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
         wanted = targets(
@@ -193,101 +195,6 @@ class Commits:
             self.health.set("enforce", f"cgroup writes failed after a commit: {err!r}; retried")
             self.log.exception("enforcement_failed", problem=repr(err))
 
-    def leave_others(self, spec: WorkloadSpec) -> None:
-        """A workload's cgroups, and those above and below them, are no others now:
-        cost per cgroup numad isolates, a prefix test per cgroup of the workload."""
-        held = self.held
-        mine = held.cgroups_of(spec)
-        gone = {p for p in held.others if related_to(p, mine)}
-        if not gone:
-            return
-        others = held.others - gone  # a new set: a reader may be sorting the old
-        above = [p for p in gone if any(m.startswith(p + "/") for m in mine)]
-        if above and not self.isolation.v1:  # those bounded it bounded: a walk below it
-            found = self.enforcer.unmanaged(above, held.specs.values()) - held.orphans
-            others |= outermost(found - held.owned(), others)
-        self.isolate(others)
-
-    def isolate(self, others: set[str]) -> None:
-        """``others`` isolated from now on. cgroup v2: a cgroup given back now bounded
-        the strays below it (a workload's cgroup lies below it now), or is bounded now
-        by one above it (a pod released: its sidecar); those new are written first, so
-        that none runs unbounded between (``outermost``)."""
-        held, isolation = self.held, self.isolation
-        leaving = held.others - others
-        fresh = [] if isolation.v1 else around(others - held.others, leaving)
-        if fresh:  # recorded, written, and only then the others given back
-            for path in isolation.mark(others | leaving, held.owned()):
-                self.enforcer.forget(path)
-            pool = held.books.cpu.shared_pool
-            self.enforcer.share([Target(p, pool, None, exclusive=False) for p in fresh], pool)
-        held.others = others
-        for path in isolation.mark(others, held.owned()):
-            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
-
-    def find_others(self, listing: Listing | None = None) -> None:
-        """The cgroups that are no workload's, isolated as they appear: the other
-        top-level cgroups and the unmanaged ones inside the managed roots. With
-        isolation turned off, the ones isolated before get their own cpusets back."""
-        held = self.held
-        self.isolation.online = held.topology.online_cpus
-        if not self.config.isolate:
-            if self.isolation.originals or held.others:
-                self.end_isolation()
-            return
-        if self.enforcer.partitions is not None:
-            # Partitions keep every other cgroup off the exclusive CPUs: none is written
-            # but those that would clash with one (``beside_partitions``).
-            keep = self.beside_partitions()
-            if set(self.isolation.originals) - keep or held.others - keep:
-                for problem in self.isolation.restore(keep=keep):
-                    self.log.error("cgroup_reset_failed", problem=problem)
-                for path in held.others - keep:
-                    self.enforcer.forget(path)
-            held.others = keep
-            self.isolation.mark(keep, held.owned())
-            return
-        roots = self.config.paths.managed_roots
-        owned = held.owned()
-        inside = self.enforcer.unmanaged(roots, held.specs.values(), listing) - held.orphans
-        try:
-            tops = self.isolation.top_level(roots)
-            self.health.clear("isolation-list")
-        except NumadError as err:
-            self.health.set("isolation-list", f"{err}; the top-level cgroups stay as they were")
-            tops = {p for p in held.others if p.split("/", maxsplit=1)[0] in self.isolation.tops}
-        others = (inside | tops) - owned
-        if not self.isolation.v1:  # each bounds the cgroups below it
-            others = outermost(others)
-        if held.outside:  # not theirs, nor below them: what runs there is theirs
-            mine = [c for n in held.outside for c in held.cgroups_of(held.specs[n])]
-            others = {p for p in others if not any(_within(p, c) for c in mine)}
-        self.isolate(others)
-
-    def beside_partitions(self) -> set[str]:
-        """With partitions, the cgroups still isolated one by one: those beside a
-        partition whose own cpuset.cpus named its CPUs (the kernel leaves it invalid
-        while they do), and those isolated before whose own setting would name
-        exclusive CPUs again (every CPU, for one with tasks that cannot inherit its
-        parent's again). Cost: per cgroup in the isolation record, and per clash."""
-        parts, held = self.enforcer.partitions, self.held
-        assert parts is not None
-        exclusive = CPUSet.from_bits(held.books.cpu.exclusive)
-        keep = set()
-        for path in sorted(parts.clashes):
-            if self.isolation.exists(path):
-                keep.add(path)
-        parts.clashes = set(keep)
-        for path, own in self.isolation.originals.items():
-            cpus = CPUSet.parse_list(own.get("cpus", ""))
-            try:
-                busy = not cpus and bool(self.isolation.processes(path))
-            except NumadError:
-                continue  # gone: nothing to give back
-            if cpus & exclusive or busy:
-                keep.add(path)
-        return keep - held.owned()
-
     def place_irqs(self) -> None:
         """Interrupts off the exclusive CPUs ([host] irq-affinity); turned off, every
         one numad moved gets its own affinity back."""
@@ -307,16 +214,6 @@ class Commits:
         for problem in self.irqs.restore() if self.irqs.originals else []:
             self.log.error("irq_reset_failed", problem=problem)
 
-    def end_isolation(self) -> None:
-        """Every isolated cgroup gets its own cpuset back (its parent's, or systemd's);
-        partitions are not touched (``end_partitions``)."""
-        with self.held.changing.unlocked():  # one write per isolated cgroup
-            for problem in self.isolation.restore():
-                self.log.error("cgroup_reset_failed", problem=problem)
-            for path in sorted(self.held.others):
-                self.enforcer.forget(path)
-        self.held.others = set()
-
     def isolate_new(self, paths: list[str]) -> None:
         """Cgroups that just appeared (``numad.host.cgroup.events``), off the exclusive
         CPUs at once: each that is no workload's gets the shared pool now, not at the
@@ -335,7 +232,7 @@ class Commits:
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)
-                self.find_others()
+                self.others.find()
                 tops = [p for p in tops if p in held.others and p not in was]
             new = tops + [
                 p
@@ -412,7 +309,3 @@ class Commits:
             for path in settled - owned:
                 self.enforcer.forget(path)
             self.isolation.workloads.own(self.units(), held.orphans)
-
-
-def _within(path: str, cgroup: str) -> bool:
-    return path == cgroup or path.startswith(cgroup + "/")

@@ -272,7 +272,7 @@ class Reconciler:
             held.stopped = True
             try:  # partitions first: a cgroup beside one may not name its CPUs again
                 self.enforcer.end_partitions()
-                self.commits.end_isolation()
+                self.commits.others.end()
             finally:  # whatever that met, the interrupts get theirs back too
                 self.commits.end_irqs()
         # Sent after the lock, within the stop's deadline (``Isolation.hurry``): a released

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import numad.daemon.commits as commits_module
+import numad.daemon.others as others_module
 from numad.cpuset import CPUSet, NodeSet
 from numad.daemon.root import Daemon
 from numad.errors import CgroupError
@@ -148,7 +148,7 @@ def test_after_an_upgrade_the_cgroups_an_older_numad_wrote_below_a_stray_are_giv
         scratch_mkdir(_tree(daemon), path)
     _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
     with monkeypatch.context() as old:  # every level isolated, as before
-        old.setattr(commits_module, "outermost", lambda paths, isolated=(): set(paths))
+        old.setattr(others_module, "outermost", lambda paths, isolated=(): set(paths))
         daemon.reconcile()
     pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
     assert [_cpus(daemon, p) for p in nested] == [pool] * 3
