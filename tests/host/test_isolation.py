@@ -531,6 +531,7 @@ def test_a_unit_gets_its_own_setting_back_off_the_lock_when_isolation_ends(
     daemon, fake, own = _system_slice_told(machines, tmp_path)
     asked = len(fake.calls)
     daemon.commits.config = replace(daemon.commits.config, isolate=False)
+    daemon.commits.others.config = daemon.commits.config
     daemon.reconcile()
     assert len(fake.calls) == asked, "systemd was asked under the daemon's lock"
     assert daemon.isolation.owed()
@@ -886,6 +887,7 @@ def test_a_unit_an_older_numad_told_itself_is_given_back_off_the_lock(
     assert told == {"system.slice": {"unit": "system.slice", "cpus": "0-23"}}
     locked = _calls_under_lock(again, fake)
     again.commits.config = replace(again.commits.config, isolate=False)
+    again.commits.others.config = again.commits.config
     again.reconcile()
     assert locked == [], "systemd was asked under the daemon's lock"
     _tell_systemd(again)
