@@ -44,10 +44,10 @@ size; the window's median at most 100 ms and its largest at most 1 s; the lock's
 p99 at most 10 ms at the largest size; each for the largest flat and pods rows,
 against flat 0 in the same mode. Isolating one by one, the admission target is taken
 end to end (numad's own part is printed beside it, "info"). Exit status 0 when every
-target held, 2 when one failed. With partitions, the admission target is taken on numad's own part: the
-kernel's part is measured on a real 6.12 kernel in the VM tier. The lock target is
-taken on every hold, the kernel's time in it included: numad lets go of the lock
-around its cgroup writes."""
+target held, 2 when one failed. With partitions, the admission target is taken on
+numad's own part: the kernel's part is measured on a real 6.12 kernel in the VM tier.
+The lock target is taken on every hold, the kernel's time in it included: numad lets
+go of the lock around its cgroup writes."""
 
 from __future__ import annotations
 

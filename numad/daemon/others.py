@@ -44,7 +44,9 @@ class Others:
 
     def leave(self, spec: WorkloadSpec) -> None:
         """A workload's cgroups, and those above and below them, are no others now:
-        cost per cgroup numad isolates, a prefix test per cgroup of the workload."""
+        cost per cgroup numad isolates, a prefix test per cgroup of the workload; on
+        cgroup v2, where an isolated cgroup lies above it, a walk of that cgroup's
+        subtree (the strays it bounded are isolated themselves now)."""
         held = self.held
         mine = held.cgroups_of(spec)
         gone = {p for p in held.others if related_to(p, mine)}
