@@ -365,7 +365,7 @@ class Simulation:
             ):
                 continue
             cpus = CPUSet.parse_list(f.read_text()).bits
-            if stray.count("/") > 1 and self._bounded(stray):
+            if stray.count("/") > 1 and self.applied_above(stray) == pool:
                 cpus = self.runs_on(stray)  # below an isolated stray: its own file is its own
                 if cpus & ~pool:
                     where = CPUSet.from_bits(cpus).format_list()
@@ -373,13 +373,3 @@ class Simulation:
             elif not cpus or cpus & exclusive:
                 where = CPUSet.from_bits(cpus).format_list() or "every CPU (inherited)"
                 raise Violation(f"{stray}, no workload's, runs on {where}")
-
-    def _bounded(self, path: str) -> bool:
-        """Whether an ancestor below numad.slice holds the shared pool in its own file."""
-        pool = self.daemon.books.cpu.shared_pool
-        parts = path.split("/")
-        for depth in range(2, len(parts)):
-            f = self.cgroups.joinpath(*parts[:depth], "cpuset.cpus")
-            if f.is_file() and f.read_text().strip():
-                return CPUSet.parse_list(f.read_text()).bits == pool
-        return False

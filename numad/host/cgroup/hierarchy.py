@@ -61,7 +61,7 @@ def _linked(root: str, parts: Iterable[str]) -> bool:
 
 def _subdirectories(directory: str) -> list[str]:
     """The names of ``directory``'s subdirectories, sorted (the file type comes with each
-    entry: no call per entry). None when it cannot be listed: removed meanwhile, as a
+    entry: no call per entry); none when it cannot be listed: removed meanwhile, as a
     cgroup may be at any time (``os.walk``'s rule, which the walk used before)."""
     try:
         with os.scandir(directory) as entries:

@@ -1194,7 +1194,7 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
         PASSES[strays] = [
             count,
             round((passes[2] - passes_before[2]) / count, 3) if count else 0.0,
-            p99_since("numad_reconcile_duration_seconds", passes_before),
+            p99_since("numad_reconcile_duration_seconds", passes_before, passes),
         ]
         READS_MS[strays] = [
             len(reads),
@@ -1300,9 +1300,13 @@ def histogram(metric: str) -> tuple[dict[float, float], float, float]:
     return buckets, count, total
 
 
-def p99_since(metric: str, before: tuple[dict[float, float], float, float]) -> float:
-    """The p99 bucket of the observations ``metric`` made since ``before`` was scraped."""
-    after = histogram(metric)
+Scrape = tuple[dict[float, float], float, float]  # ``histogram``'s: buckets, count, sum
+
+
+def p99_since(metric: str, before: Scrape, after: Scrape | None = None) -> float:
+    """The p99 bucket of the observations ``metric`` made since ``before`` was scraped,
+    up to ``after`` (scraped now where not given)."""
+    after = histogram(metric) if after is None else after
     grown = {b: n - before[0].get(b, 0.0) for b, n in after[0].items()}
     return p99_within(grown, after[1] - before[1])
 
