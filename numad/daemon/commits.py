@@ -228,7 +228,11 @@ class Commits:
                 self.partition_again(paths)
                 return
             roots = {r.strip("/") for r in self.config.paths.managed_roots}
-            mine = held.owned()
+            made = set(paths)
+            mine = self.others.present(held.owned(), made)  # above one gone: a stray
+            back = [s for s in held.specs.values() if self.others.below(held.cgroups_of(s) & made)]
+            for spec in back:  # a workload's cgroup made again below an isolated one
+                self.others.leave(spec)
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)
@@ -248,7 +252,7 @@ class Commits:
             if not new:
                 return
             held.others |= set(new)
-            self.isolation.mark(held.others, mine)
+            self.isolation.mark(held.others, held.owned())
             pool = held.books.cpu.shared_pool
             self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))

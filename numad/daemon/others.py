@@ -11,13 +11,15 @@ enforcer and the isolation backend, within the caller's change.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from numad.cpuset import CPUSet
 from numad.daemon.config import Config
 from numad.daemon.holdings import Holdings
 from numad.errors import NumadError
 from numad.host.enforce import Enforcer
 from numad.host.isolation import Isolation
-from numad.host.strays import around, outermost
+from numad.host.strays import around, below_any, outermost
 from numad.host.targets import Listing, Log, Target, related_to
 from numad.observe import Problems
 from numad.workload.shape import WorkloadSpec
@@ -48,7 +50,7 @@ class Others:
         cgroup v2, where an isolated cgroup lies above it, a walk of that cgroup's
         subtree (the strays it bounded are isolated themselves now)."""
         held = self.held
-        mine = held.cgroups_of(spec)
+        mine = held.cgroups_of(spec)  # made, or to be made: the cgroups above are its
         gone = {p for p in held.others if related_to(p, mine)}
         if not gone:
             return
@@ -59,22 +61,74 @@ class Others:
             others |= outermost(found - held.owned(), others)
         self.isolate(others)
 
-    def isolate(self, others: set[str]) -> None:
+    def present(self, mine: set[str], near: Collection[str]) -> set[str]:
+        """Of workloads' cgroups ``mine``, those that count for the cgroups above them:
+        all but those below one of ``near`` that numad has seen and that exist no more
+        (``numad.host.strays.unmanaged``). Cost: a stat per such cgroup."""
+        seen = self.seen()
+        return {
+            m
+            for m in mine
+            if m not in seen or not below_any(m, near) or self.enforcer.exists(m) is not False
+        }
+
+    def seen(self) -> set[str]:
+        """The cgroups of workloads whose cgroups numad has seen (not units': systemd
+        makes theirs). Cost: per workload."""
+        held = self.held
+        specs = [held.specs[n] for n in held.seen if n in held.specs]
+        return {c for s in specs if s.unit is None for c in held.cgroups_of(s)}
+
+    def below(self, mine: Collection[str]) -> bool:
+        """Whether one of ``mine`` lies below an isolated cgroup. Cost: per level of each."""
+        return any(below_any(m, self.held.others) for m in mine)
+
+    def isolate(self, others: set[str], *, whole: bool = False) -> None:
         """``others`` isolated from now on. cgroup v2: a cgroup given back now bounded
         the strays below it (a workload's cgroup lies below it now), or is bounded now
-        by one above it (a pod released: its sidecar); those new are written first, so
-        that none runs unbounded between (``outermost``)."""
-        held, isolation = self.held, self.isolation
-        leaving = held.others - others
-        fresh = [] if isolation.v1 else around(others - held.others, leaving)
+        by one above it (a pod released: its sidecar; a stray made again above those
+        isolated before numad restarted); those of ``others`` not written yet are
+        written first, so that none runs unbounded between (``outermost``). One that
+        could not be written keeps those around it isolated, and health says so,
+        until a pass (``whole``: ``others`` is every stray) writes it. Cost: set
+        operations over the isolated cgroups, and the writes."""
+        held, isolation, enforcer = self.held, self.isolation, self.enforcer
+        leaving = (held.others - others) | (isolation.originals.keys() - others)
+        fresh = []
+        if leaving and not isolation.v1:
+            unwritten = (others - held.others) | (others - enforcer.written.keys())
+            fresh = around(unwritten, leaving)
+        kept: set[str] = set()
+        failed: list[str] = []
         if fresh:  # recorded, written, and only then the others given back
             for path in isolation.mark(others | leaving, held.owned()):
-                self.enforcer.forget(path)
+                enforcer.forget(path)
             pool = held.books.cpu.shared_pool
-            self.enforcer.share([Target(p, pool, None, exclusive=False) for p in fresh], pool)
+            failed = enforcer.share([Target(p, pool, None, exclusive=False) for p in fresh], pool)
+            kept = {p for p in leaving if related_to(p, failed) and isolation.exists(p)}
+            others = others | kept
+        if kept or any(s.startswith("bounding:") for s in self.health.subjects()):
+            self._kept(kept, failed, others if not whole else kept)
         held.others = others
         for path in isolation.mark(others, held.owned()):
-            self.enforcer.forget(path)  # numad writes it no more (or as a workload's)
+            enforcer.forget(path)  # numad writes it no more (or as a workload's)
+
+    def _kept(self, kept: set[str], failed: list[str], still: set[str]) -> None:
+        """Health names each cgroup kept isolated because one around it could not be
+        written (a workload below it runs within the shared pool meanwhile), and
+        forgets those not ``still`` kept (a pass knows; another change, only those
+        given back since). Cost: per problem."""
+        for subject in self.health.subjects():
+            if subject.startswith("bounding:") and subject[len("bounding:") :] not in still:
+                self.health.clear(subject)
+        for path in sorted(kept):
+            around_it = ", ".join(f for f in failed if related_to(path, [f]))
+            self.health.set(
+                f"bounding:{path}",
+                f"{path}: still isolated (the shared pool, for every cgroup below it too):"
+                f" {around_it}, around it, could not be written yet; given its own cpuset"
+                " back once that is (retried every pass)",
+            )
 
     def find(self, listing: Listing | None = None) -> None:
         """The cgroups that are no workload's, isolated as they appear: the other
@@ -100,7 +154,8 @@ class Others:
             return
         roots = self.config.paths.managed_roots
         owned = held.owned()
-        inside = self.enforcer.unmanaged(roots, held.specs.values(), listing) - held.orphans
+        inside = self.enforcer.unmanaged(roots, held.specs.values(), listing, self.seen())
+        inside -= held.orphans
         try:
             tops = self.isolation.top_level(roots)
             self.health.clear("isolation-list")
@@ -113,7 +168,7 @@ class Others:
         if held.outside:  # not theirs, nor below them: what runs there is theirs
             mine = [c for n in held.outside for c in held.cgroups_of(held.specs[n])]
             others = {p for p in others if not any(_within(p, c) for c in mine)}
-        self.isolate(others)
+        self.isolate(others, whole=True)
 
     def beside_partitions(self) -> set[str]:
         """With partitions, the cgroups still isolated one by one: those beside a

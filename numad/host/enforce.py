@@ -80,10 +80,16 @@ class Enforcer:
         return Scan(listing, reads)
 
     def unmanaged(
-        self, roots: Iterable[str], specs: Collection[WorkloadSpec], listing: Listing | None = None
+        self,
+        roots: Iterable[str],
+        specs: Collection[WorkloadSpec],
+        listing: Listing | None = None,
+        seen: Collection[str] = (),
     ) -> set[str]:
         """The cgroups inside the managed roots that are no workload's (``strays``)."""
-        return strays.unmanaged(self.cgroups, roots, specs, listing, self.problems, self._failed)
+        return strays.unmanaged(
+            self.cgroups, roots, specs, listing, self.problems, self._failed, seen
+        )
 
     def exists(self, path: str) -> bool | None:
         """Whether the cgroup exists; None when that cannot be told (the fault is a
@@ -168,10 +174,10 @@ class Enforcer:
             self._failed(self.partitions.holder, err)
             return wanted
 
-    def share(self, shared: list[Target], pool: int) -> None:
-        """Write shared targets alone (cgroups that just appeared: they only shrink)."""
-        for t in shared:
-            self._share(t, pool)
+    def share(self, shared: list[Target], pool: int) -> list[str]:
+        """Write shared targets alone (cgroups that just appeared: they only shrink);
+        returns those that do not hold their set now."""
+        return [t.path for t in shared if not self._share(t, pool)]
 
     def _share(self, t: Target, pool: int) -> bool:
         """Write the shared pool less what other cgroups may still run on as an

@@ -27,9 +27,14 @@ def unmanaged(  # noqa: PLR0917 - the pass's parts
     listing: Listing | None,
     problems: Problems,
     failed: Callable[[str, NumadError], None],
+    seen: Collection[str] = (),
 ) -> set[str]:
     """The strays below ``roots``, from ``listing`` where given (the pass's scan), else
-    listed now; a root that cannot be listed is ``failed``."""
+    listed now; a root that cannot be listed is ``failed``. A cgroup above a workload's
+    is no stray, unless that one is gone: of ``seen`` (workloads' cgroups numad has
+    seen), one that exists no more (its workload held through the release grace), so
+    that whatever runs above it meanwhile stays off the exclusive CPUs. One not seen
+    yet is to be made: the cgroups above it are left to it."""
     mine = {s.container_cgroup(c) for s in specs for c in s.containers}
     found: set[str] = set()
     for root in roots:
@@ -41,6 +46,7 @@ def unmanaged(  # noqa: PLR0917 - the pass's parts
         except NumadError as err:
             failed(root, err)
             continue
+        present = mine - _gone(cgroups, root, mine.intersection(seen), set(below))
         deep = [p for p in below if p.count("/") >= MAX_DEPTH]
         if deep:
             problems.set(
@@ -52,8 +58,24 @@ def unmanaged(  # noqa: PLR0917 - the pass's parts
             below = [p for p in below if p.count("/") < MAX_DEPTH]
         else:
             problems.clear(f"depth:{root}")
-        found.update(path for path in below if not related_to(path, mine))
+        found.update(path for path in below if not related_to(path, present))
     return found
+
+
+def _gone(cgroups: Cgroups, root: str, seen: set[str], listed: set[str]) -> set[str]:
+    """Of ``seen`` below ``root``, those that exist no more: not listed, nor made since
+    the listing (asked of each). Cost: a lookup per cgroup, a stat per one not listed."""
+    root = root.strip("/")
+    return {
+        m for m in seen if m.startswith(root + "/") and m not in listed and not _exists(cgroups, m)
+    }
+
+
+def _exists(cgroups: Cgroups, path: str) -> bool:
+    try:
+        return bool(cgroups.exists(path))
+    except NumadError:
+        return True  # cannot tell: as if it were, so the cgroups above it are left as they are
 
 
 def outermost(paths: Collection[str], isolated: Collection[str] = ()) -> set[str]:

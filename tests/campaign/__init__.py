@@ -5,10 +5,11 @@ write (``tests.campaign.world`` says which).
 The modules: ``world`` (the simulation and the invariants), ``faults`` (the wrapped
 cgroup backend), and the steps. Inside numad's own life (``steps``): admit,
 release, resize in place (grow and shrink; also inside the crash and checkpoint
-fault steps), cgroups created and removed, CPUs offline and online, vector engines
-leaving, clock past the release grace, config changes, restarts, crashes at
-cgroup writes and inside checkpoint writes, injected cgroup and checkpoint
-faults, exceptions in the loops. Around it (``outages``): cgroups gone while
+fault steps), cgroups created and removed, workloads admitted below cgroups
+isolated as strays (with the cgroups they bounded checked after every write), CPUs
+offline and online, vector engines leaving, clock past the release grace, config
+changes, restarts, crashes at cgroup writes and inside checkpoint writes, injected
+cgroup and checkpoint faults, exceptions in the loops. Around it (``outages``): cgroups gone while
 numad is down, killed ``numad run`` clients, a full state disk during a reconcile
 pass, unreadable cpusets. And hostile numbers in specs (``hostile``).
 
@@ -34,6 +35,7 @@ STEPS: dict[str, tuple[int, Callable[[Simulation], None]]] = {
     "release": (12, steps.release),
     "resize": (8, steps.resize),
     "move": (6, steps.move),
+    "admit below a stray": (4, steps.admit_below),
     "cgroup churn": (8, steps.cgroup_churn),
     "hotplug": (8, steps.hotplug),
     "device churn": (3, steps.device_churn),

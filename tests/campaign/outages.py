@@ -174,10 +174,8 @@ def _new_stray(sim: Simulation, stray: str) -> None:
     """A cgroup that is no workload's appears (made again if it was there)."""
     top = "/".join(stray.split("/")[:2])
     if (sim.cgroups / top).is_dir():
-        shutil.rmtree(sim.cgroups / top)
+        sim.remove(top)  # with any workload below it
     scratch_mkdir(sim.cgroups, stray)
-    sim.failing -= {top, stray}
-    sim.drifted -= {top, stray}
 
 
 def _enforced(sim: Simulation, drifted: str | None, stray: str) -> None:

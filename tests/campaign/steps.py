@@ -138,15 +138,51 @@ def cgroup_churn(sim: Simulation) -> None:
         else:
             CgroupV2Backend(sim.cgroups, [top], emulate_kernel=True).ensure(top)
         return
-    name = sim.rng.choice(NAMES + STRAYS)  # strays are never admitted: isolated
-    path = sim.cgroups / "numad.slice" / name
-    if path.is_dir():
-        shutil.rmtree(path)
+    name = sim.rng.choice(NAMES + STRAYS)  # a name's cgroup, or one never admitted
+    spec = sim.daemon.specs.get(name)
+    path = spec.cgroup if spec is not None else f"numad.slice/{name}"
+    if (sim.cgroups / path).is_dir():
+        sim.remove(path)  # a stray's goes with the workloads below it
         sim.removed.add(name)
-        sim.failing.discard(f"numad.slice/{name}")  # a new one has not been written yet
-        sim.drifted.discard(f"numad.slice/{name}")
     else:
-        scratch_mkdir(sim.cgroups, f"numad.slice/{name}")
+        scratch_mkdir(sim.cgroups, path)
+
+
+def admit_below(sim: Simulation) -> None:
+    """A workload whose cgroup lies below a cgroup that is no workload's (``x0``, or
+    ``x2`` beside ``x2/inner``), mostly one numad has isolated: numad gives it its own
+    cpuset back and isolates the strays it bounded in its place, first. Each cgroup
+    that the isolated one bounded at the start runs on no written exclusive grant at
+    any write of the step (checked after each); its release isolates it again."""
+    free = [n for n in NAMES if n not in sim.daemon.specs]
+    if not free:
+        return
+    name, above = sim.rng.choice(free), f"numad.slice/{sim.rng.choice(('x0', 'x2'))}"
+    if sim.rng.random() < 0.5:
+        scratch_mkdir(sim.cgroups, f"{above}/inner")
+    if not (sim.cgroups / above).is_dir():
+        scratch_mkdir(sim.cgroups, above)
+    if sim.rng.random() < 0.7:
+        sim.reconcile_pass()  # found and isolated before the workload comes, mostly
+    path = f"{above}/{name}"
+    pool = sim.daemon.books.cpu.shared_pool
+    sim.bounded = {
+        str(d.relative_to(sim.cgroups))
+        for d in (sim.cgroups / above).rglob("*")
+        if d.is_dir() and not sim.runs_on(str(d.relative_to(sim.cgroups))) & ~pool
+    } - {path}
+    scratch_mkdir(sim.cgroups, path)
+    sim.removed.discard(name)
+    spec = {"name": name, "cgroup": path, "cpus": sim.rng.choice((1, 2, 4, "500m"))}
+    spec["movable"] = NAMES.index(name) % 2 == 0
+    sim.faults.injected["admitted below a stray"] += 1
+    try:
+        sim.admit(spec)
+    except CheckpointError:
+        if name in sim.daemon.specs:
+            raise Violation(f"{name}: checkpoint failed but admitted in memory") from None
+    finally:
+        sim.bounded = set()
 
 
 def hotplug(sim: Simulation) -> None:

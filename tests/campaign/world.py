@@ -79,6 +79,9 @@ class Simulation:
         self.failing: set[str] = set()
         self.drifted: set[str] = set()  # written by another writer, until numad writes it
         self.unreadable: set[str] = set()  # cgroups without their cpuset files
+        # Cgroups no workload's that an isolated cgroup above bounds at a step's start:
+        # they must stay off every written grant at each write of the step (cgroup v2).
+        self.bounded: set[str] = set()
         self.children: list[subprocess.Popen[bytes]] = []  # clients' commands, to reap
         self.checking = True
         self.known: Counter[str] = Counter()  # numad bugs met, reported, not yet fixed
@@ -165,6 +168,16 @@ class Simulation:
             self.faults.write_failure = failure
         self.exclusive_files.clear()
 
+    def remove(self, path: str) -> None:
+        """Cgroup ``path`` goes, with every cgroup below it (an ``rm -r`` of the tree):
+        numad may release the workloads whose cgroups were there once the grace passes."""
+        shutil.rmtree(self.cgroups / path)
+        for name, spec in self.daemon.specs.items():
+            if _within(spec.cgroup, path):
+                self.removed.add(name)
+        for known in (self.failing, self.drifted, self.unreadable, self.bounded):
+            known.difference_update([p for p in known if _within(p, path)])
+
     def reconcile_pass(self) -> bool:
         return bool(self.daemon.supervisor.run_once("reconcile", self.daemon.reconcile))
 
@@ -241,10 +254,14 @@ class Simulation:
 
     def _excused(self, other: str) -> bool:
         """A cgroup whose file may hold exclusive CPUs: a managed root (the parent of
-        every workload), the pod above its containers (it only bounds them), and one
-        another writer changed, until numad writes it again."""
+        every workload), the pod above its containers and any cgroup above a
+        workload's that exists (it only bounds them: on cgroup v2 a cgroup with
+        children holds no process), or above a released one's until the next pass
+        isolates it, and one another writer changed, until numad writes it again."""
         pod = self.cgroups / POD
         above = other == POD and any(p.is_dir() for p in pod.iterdir())
+        mine = [s.cgroup for s in self.daemon.specs.values()] + sorted(self.daemon.orphans)
+        above |= any(m.startswith(other + "/") and (self.cgroups / m).is_dir() for m in mine)
         return other.count("/") == 0 or above or other in self.drifted
 
     def check_files(self, when: str) -> None:
@@ -256,11 +273,18 @@ class Simulation:
             for other, cpus in held.items():
                 shared = cpus & grant
                 if other != path and shared and not path.startswith(other + "/"):
-                    if self._excused(other):
-                        continue
+                    if self._excused(other) or not self.runs_on(other) & grant:
+                        continue  # cgroup v2: its file may, where a cgroup above bounds it
                     raise Violation(
                         f"{when}: cpus {CPUSet.from_bits(shared)} are in the exclusive"
                         f" {path} and in {other}"
+                    )
+            for other in self.bounded:
+                shared = self.runs_on(other) & grant if (self.cgroups / other).is_dir() else 0
+                if shared:
+                    raise Violation(
+                        f"{when}: {other}, bounded by an isolated cgroup before, runs on"
+                        f" cpus {CPUSet.from_bits(shared)} of the exclusive {path}"
                     )
 
     def check(self, when: str) -> None:
@@ -373,3 +397,7 @@ class Simulation:
             elif not cpus or cpus & exclusive:
                 where = CPUSet.from_bits(cpus).format_list() or "every CPU (inherited)"
                 raise Violation(f"{stray}, no workload's, runs on {where}")
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")

@@ -35,6 +35,7 @@ OUTAGES = {
     "cpuset drift",
     "unreadable cpuset",
     "hostile number",
+    "admitted below a stray",
 }
 
 
