@@ -5,8 +5,10 @@ managed trees it scanned and among the other top-level cgroups (``find``); an
 admission only takes the workload's cgroups out of them (``leave``); with partitions
 only those that would clash with one stay; with isolation turned off, none. On cgroup
 v2 only the outermost are written (``numad.host.strays.outermost``), and a cgroup
-given back never leaves a stray unbounded meanwhile (``isolate``). Writes through the
-enforcer and the isolation backend, within the caller's change.
+given back never leaves a stray unbounded, nor is given back while a stray around it
+could not be written (``isolate``). A cgroup above a workload's cgroup that numad has
+seen and that is gone is a stray again (``seen``). Writes through the enforcer and the
+isolation backend, within the caller's change.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Others:
         others = held.others - gone  # a new set: a reader may be sorting the old
         above = [p for p in gone if any(m.startswith(p + "/") for m in mine)]
         if above and not self.isolation.v1:  # those bounded it bounded: a walk below it
-            found = self.enforcer.unmanaged(above, held.specs.values()) - held.orphans
+            found = self.enforcer.unmanaged(above, held.specs.values(), seen=self.seen())
+            found -= held.orphans
             others |= outermost(found - held.owned(), others)
         self.isolate(others)
 
