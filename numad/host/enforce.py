@@ -187,7 +187,10 @@ class Enforcer:
         self.beat()
         cpus = (pool & ~self._granted_elsewhere(t.path)) | t.keeps
         if cpus:
-            return self.write(t.path, cpus, t.mems)
+            written = self.write(t.path, cpus, t.mems)
+            if written and not t.exclusive:  # a grant it waited for is no longer its
+                self.problems.clear(f"grant:{t.path}")
+            return written
         if self.exists(t.path):
             self.problems.set(
                 f"write:{t.path}",

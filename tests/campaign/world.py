@@ -351,12 +351,6 @@ class Simulation:
             if not self.reconcile_pass():
                 raise Violation(f"reconcile fails without faults: {self.daemon.problems}")
         left = [p for p in self.daemon.health.subjects() if p.split(":")[0] in ("write", "grant")]
-        # A grant held back stays in health after its workload's release, until its
-        # cgroup goes (a bug, reported): counted, not a violation here.
-        mine = {f"grant:{spec.cgroup}" for spec in self.daemon.specs.values()}
-        stale = [p for p in left if p.startswith("grant:") and p not in mine]
-        self.known["grant problem kept after the release"] += len(stale)
-        left = [p for p in left if p not in stale]
         if left:
             raise Violation(f"problems left after the faults stopped: {self.daemon.problems}")
         self._settled_strays()

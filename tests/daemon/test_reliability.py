@@ -348,6 +348,26 @@ def test_a_shared_cgroup_that_cannot_shrink_holds_the_exclusive_grant_back(
     assert daemon.problems == []
 
 
+def test_a_grant_held_back_is_no_problem_once_its_workload_is_released(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db's grant waits for web, which cannot shrink; db is released meanwhile. Its
+    cgroup is written the shared pool as any released one is, and health no longer
+    says it waits for a grant (before 2026-12-05 it did, until the cgroup went)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", "numad.slice/web")
+    assert _admit(daemon, "web", "500m")
+    faulty = _faulty(daemon)
+    faulty.fail_write.add("numad.slice/web")
+    assert _admit(daemon, "db", 4)
+    assert any(p.startswith("numad.slice/db: exclusive cpus") for p in daemon.problems)
+    daemon.release("db")
+    assert not [p for p in daemon.problems if p.startswith("numad.slice/db:")], daemon.problems
+    faulty.fail_write.clear()
+    daemon.reconcile()
+    assert daemon.problems == []
+
+
 # -- nothing dropped ---------------------------------------------------------------------------
 
 
