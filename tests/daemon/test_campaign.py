@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from numad.daemon import admissions, moving, reconcile, resizes, state
+from numad.daemon import admissions, moving, others, reconcile, resizes, state
 from numad.errors import CheckpointError
 from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
@@ -253,6 +253,7 @@ class Broken:
     step: Callable[[Simulation], None]
     mutant: Callable[[pytest.MonkeyPatch], None]  # undoes the fix in this process
     found: str  # in the Violation
+    churn: bool = False  # workloads released between rounds (names run out otherwise)
 
 
 BROKEN = [
@@ -291,10 +292,19 @@ BROKEN = [
         Broken(steps.move, _moves_the_fixed, "not movable, but moved"),
         id="moves-a-fixed-workload",
     ),
+    pytest.param(
+        Broken(
+            steps.admit_below,
+            lambda mp: mp.setattr(others, "around", lambda *_: []),
+            "bounded by an isolated cgroup before, runs on",
+            churn=True,
+        ),
+        id="gives-back-before-the-strays-below-are-written",
+    ),
 ]
 
 
-def _rounds(sim: Simulation, step: Callable[[Simulation], None]) -> None:
+def _rounds(sim: Simulation, step: Callable[[Simulation], None], *, churn: bool) -> None:
     try:
         for _ in range(20):
             sim.steps += 1
@@ -302,6 +312,9 @@ def _rounds(sim: Simulation, step: Callable[[Simulation], None]) -> None:
             steps.admit(sim)
             step(sim)
             sim.check(f"step {sim.steps}")
+            if churn:
+                steps.release(sim)
+                steps.release(sim)
     finally:
         sim.close()
 
@@ -315,4 +328,4 @@ def test_each_newer_step_catches_its_promise_broken(
     broken.mutant(monkeypatch)
     sim = Simulation(machines.root(MACHINE), tmp_path, seed=7)
     with pytest.raises(Violation, match=broken.found):
-        _rounds(sim, broken.step)
+        _rounds(sim, broken.step, churn=broken.churn)
