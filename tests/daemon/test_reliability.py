@@ -326,15 +326,22 @@ def test_a_cgroup_fault_after_the_commit_still_admits_and_is_shown_until_it_heal
     assert daemon.problems == []
 
 
-def test_a_shared_cgroup_that_cannot_shrink_holds_the_exclusive_grant_back(
-    machines: Machines, tmp_path: Path
-) -> None:
+def _web_cannot_shrink(machines: Machines, tmp_path: Path) -> tuple[Daemon, Faulty]:
+    """web, a shared workload whose cpuset cannot be written from now on; then db, 4
+    exclusive CPUs that web still runs on."""
     daemon = recorded_daemon(machines, tmp_path)
     scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", "numad.slice/web")
     assert _admit(daemon, "web", "500m")
     faulty = _faulty(daemon)
     faulty.fail_write.add("numad.slice/web")
     assert _admit(daemon, "db", 4)
+    return daemon, faulty
+
+
+def test_a_shared_cgroup_that_cannot_shrink_holds_the_exclusive_grant_back(
+    machines: Machines, tmp_path: Path
+) -> None:
+    daemon, faulty = _web_cannot_shrink(machines, tmp_path)
     db = _held(daemon, "db")
     assert db & _cpus(daemon, "web") == db  # web still runs there ...
     assert "numad.slice/db" not in daemon.enforcer.grants  # ... so db is not given them yet
@@ -354,12 +361,7 @@ def test_a_grant_held_back_is_no_problem_once_its_workload_is_released(
     """db's grant waits for web, which cannot shrink; db is released meanwhile. Its
     cgroup is written the shared pool as any released one is, and health no longer
     says it waits for a grant (before 2026-12-05 it did, until the cgroup went)."""
-    daemon = recorded_daemon(machines, tmp_path)
-    scratch_mkdir(Path(str(daemon.fs.root)) / "sys/fs/cgroup", "numad.slice/web")
-    assert _admit(daemon, "web", "500m")
-    faulty = _faulty(daemon)
-    faulty.fail_write.add("numad.slice/web")
-    assert _admit(daemon, "db", 4)
+    daemon, faulty = _web_cannot_shrink(machines, tmp_path)
     assert any(p.startswith("numad.slice/db: exclusive cpus") for p in daemon.problems)
     daemon.release("db")
     assert not [p for p in daemon.problems if p.startswith("numad.slice/db:")], daemon.problems
