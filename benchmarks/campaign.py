@@ -5,9 +5,10 @@ Run from the repository root:
     .venv/bin/python benchmarks/campaign.py [--seeds 0-49] [--steps 2000]
 
 Each seed drives a real daemon on the recorded 2-socket machine through
-``--steps`` random steps (admit, release, cgroup churn, hotplug, clock, config
-change, restarts, crashes at cgroup writes and inside checkpoint writes,
-injected cgroup and checkpoint faults, exceptions in the loops, cgroups gone
+``--steps`` random steps (admit, also below cgroups isolated as strays, release,
+resize, moves, cgroup churn, hotplug, clock, config change, restarts, crashes at
+cgroup writes and inside checkpoint writes, injected cgroup and checkpoint
+faults, exceptions in the loops, cgroups gone
 while numad is down, killed ``numad run`` clients, a full state disk during a
 reconcile pass, unreadable cpusets, hostile numbers in specs), checks numad's
 promises after every step and every cgroup write, then stops the faults and

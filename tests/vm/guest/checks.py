@@ -639,6 +639,61 @@ def test_release_gives_the_cpus_back_to_the_pool(numad: Daemon) -> None:
     check_invariants(numad)
 
 
+def _holds(name: str, cpus: CPUSet) -> bool:
+    """The cgroup's cpuset.cpus names ``cpus`` (False while it has no cpuset files yet:
+    cgroup v2 adds them once numad enables the controller in its parent)."""
+    try:
+        return CPUSet.parse_list(cpuset_file(name, "cpus")) == cpus
+    except FileNotFoundError:
+        return False
+
+
+def _emptied(name: str) -> bool:
+    """The process started in the cgroup has been killed, and the kernel lists no task."""
+    proc = PROCS.pop(name, None)
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+    return not (cgroup(name) / "cgroup.procs").read_text().strip()
+
+
+def test_a_cgroup_above_a_workloads_cgroup_that_went_is_isolated_until_it_is_back(
+    numad: Daemon,
+) -> None:
+    """The workload in "holder/w" holds one exclusive CPU; its cgroup and "holder" go
+    (the workload is held through the release grace), and "holder" is made again with
+    a process in it: that process runs on the pool, off every exclusive CPU, from the
+    mkdir (inotify). Made again, "holder/w" gets its CPU back: "holder" its own
+    setting, "w" its grant at the next pass (before 2026-12-05 the process in "holder"
+    ran on every CPU)."""
+    out = admit("holder-w", cpus=1, cgroup="numad.slice/holder/w")
+    grant = decision(out)[0]
+    make_cgroup("holder/w")
+    wait_for(partial(_holds, "holder/w", grant), "the grant")
+    start_in("holder/w")
+    wait_for(partial(_emptied, "holder/w"), "holder/w to empty")
+    for name in ("holder/w", "holder"):
+        wait_for(partial(_removed, cgroup(name)), f"{name} removed")
+    make_cgroup("holder")
+    taken = exclusive_cpus(numad)
+    assert grant.issubset(taken), (grant, taken)  # exclusive
+    pool = ONLINE - taken
+    wait_for(partial(_holds, "holder", pool), "holder isolated")
+    pid = start_in("holder")
+    assert allowed(pid)[0] == pool, (allowed(pid), pool)
+    wait_for(partial(_emptied, "holder"), "holder to empty")
+    make_cgroup("holder/w")
+    wait_for(partial(_holds, "holder/w", grant), "the grant")
+    assert grant.issubset(CPUSet.parse_list(cpuset_file("holder", "cpus.effective")))
+    pid = start_in("holder/w")
+    assert allowed(pid)[0] == grant, (allowed(pid), grant)
+    wait_for(partial(_emptied, "holder/w"), "holder/w to empty")
+    _numad("release", "holder-w", "--socket", SOCKET)
+    for name in ("holder/w", "holder"):
+        wait_for(partial(_removed, cgroup(name)), f"{name} removed")
+    check_invariants(numad)
+
+
 # -- a container through numad's OCI hook (one boot: test_vm.py's OCI_CASE) ------------------
 
 
