@@ -50,9 +50,15 @@ class Others:
         """A workload's cgroups, and those above and below them, are no others now:
         cost per cgroup numad isolates, a prefix test per cgroup of the workload; on
         cgroup v2, where an isolated cgroup lies above it, a walk of that cgroup's
-        subtree (the strays it bounded are isolated themselves now)."""
+        subtree (the strays it bounded are isolated themselves now). A workload released
+        takes nothing out: its cgroups are released ones now, and the next pass finds
+        the cgroups above them strays again, if no workload lies below."""
         held = self.held
-        mine = held.cgroups_of(spec)  # made, or to be made: the cgroups above are its
+        if held.specs.get(spec.name) != spec:
+            return
+        # Made, or to be made (not seen yet): the cgroups above are its. Seen and gone
+        # since (moved, resized): they stay strays, as a pass finds them.
+        mine = self.present(held.cgroups_of(spec), held.others)
         gone = {p for p in held.others if related_to(p, mine)}
         if not gone:
             return

@@ -146,3 +146,30 @@ def test_after_a_restart_a_stray_above_cgroups_isolated_before_is_written_before
     assert "numad.slice/x/inner" not in new.others
     assert _cpus(new, "numad.slice/x/inner") == CPUSet()  # its own, given back
     assert _effective(new, "numad.slice/x/inner") == CPUSet.from_bits(new.books.cpu.shared_pool)
+
+
+def test_a_workload_released_after_its_cgroup_went_leaves_the_cgroup_above_it_isolated(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``x/v``'s and ``x/w``'s cgroups go, so ``x`` is a stray again and isolated; then
+    ``v`` is released (its grace over, or by the API) while ``w`` is still held. The
+    release gives ``x`` nothing back: at no write does ``x`` run on another
+    workload's exclusive CPUs (before 2026-12-05 it was given back, as if ``v``
+    were being admitted)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    for name in ("v", "w"):
+        scratch_mkdir(_tree(daemon), f"numad.slice/x/{name}")
+        _admit(daemon, {"name": name, "cgroup": f"numad.slice/x/{name}", "cpus": 2})
+    daemon.reconcile()
+    for name in ("v", "w"):
+        shutil.rmtree(_tree(daemon) / f"numad.slice/x/{name}")
+    daemon.reconcile()
+    assert "numad.slice/x" in daemon.others
+    breaches = _watch_every_write(daemon, monkeypatch, ["numad.slice/x"], "numad.slice/db")
+    daemon.release("v")
+    daemon.reconcile()
+    assert not breaches, breaches
+    assert "w" in daemon.specs
+    assert "numad.slice/x" in daemon.others
+    assert _cpus(daemon, "numad.slice/x") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
