@@ -257,12 +257,19 @@ class Simulation:
         every workload), the pod above its containers and any cgroup above a
         workload's that exists (it only bounds them: on cgroup v2 a cgroup with
         children holds no process), or above a released one's until the next pass
-        isolates it, and one another writer changed, until numad writes it again."""
+        isolates it, one with cgroups below it whose write fails (health names it),
+        and one another writer changed, until numad writes it again."""
         pod = self.cgroups / POD
         above = other == POD and any(p.is_dir() for p in pod.iterdir())
         mine = [s.cgroup for s in self.daemon.specs.values()] + sorted(self.daemon.orphans)
         above |= any(m.startswith(other + "/") and (self.cgroups / m).is_dir() for m in mine)
-        return other.count("/") == 0 or above or other in self.drifted
+        # One given back above a workload whose cgroup then went, and whose shrink fails
+        # now: numad retries it every pass and health names it; with cgroups below it,
+        # it holds no process (cgroup v2), and those below are isolated on their own.
+        failing = other in self.failing and any(
+            p.is_dir() for p in (self.cgroups / other).iterdir()
+        )
+        return other.count("/") == 0 or above or failing or other in self.drifted
 
     def check_files(self, when: str) -> None:
         self.checks += 1
