@@ -28,16 +28,7 @@ from numad.errors import NumadError
 from numad.host import strays
 from numad.host.drift import find_drift
 from numad.host.exclusive import Partitions
-from numad.host.targets import (
-    Cgroups,
-    Deferred,
-    Listing,
-    Log,
-    Moves,
-    Scan,
-    Target,
-    union,
-)
+from numad.host.targets import Cgroups, Deferred, Listing, Log, Moves, Scan, Target, union
 from numad.observe import EnforcementCounters, Problems
 from numad.workload.shape import WorkloadSpec
 
@@ -187,9 +178,8 @@ class Enforcer:
         self.beat()
         cpus = (pool & ~self._granted_elsewhere(t.path)) | t.keeps
         if cpus:
-            written = self.write(t.path, cpus, t.mems)
-            if written and not t.exclusive:  # a grant it waited for is no longer its
-                self.problems.clear(f"grant:{t.path}")
+            if (written := self.write(t.path, cpus, t.mems)) and not t.exclusive:
+                self.problems.clear(f"grant:{t.path}")  # a grant it waited for is not its now
             return written
         if self.exists(t.path):
             self.problems.set(
