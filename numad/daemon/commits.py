@@ -228,8 +228,8 @@ class Commits:
                 self.partition_again(paths)
                 return
             roots = {r.strip("/") for r in self.config.paths.managed_roots}
-            made = set(paths)
-            mine = self.others.present(held.owned(), made)  # above one gone: a stray
+            made, owned = set(paths), held.owned()
+            mine = self.others.present(owned, made)  # above one gone: a stray
             back = [s for s in held.specs.values() if self.others.below(held.cgroups_of(s) & made)]
             for spec in back:  # a workload's cgroup made again below an isolated one
                 self.others.leave(spec)
@@ -252,7 +252,7 @@ class Commits:
             if not new:
                 return
             held.others |= set(new)
-            self.isolation.mark(held.others, held.owned())
+            self.isolation.mark(held.others, owned)
             pool = held.books.cpu.shared_pool
             self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))

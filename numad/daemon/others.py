@@ -116,8 +116,7 @@ class Others:
             failed = enforcer.share([Target(p, pool, None, exclusive=False) for p in fresh], pool)
             kept = {p for p in leaving if related_to(p, failed) and isolation.exists(p)}
             others = others | kept
-        if kept or any(s.startswith("bounding:") for s in self.health.subjects()):
-            self._kept(kept, failed, others if not whole else kept)
+        self._kept(kept, failed, kept if whole else others)
         held.others = others
         for path in isolation.mark(others, held.owned()):
             enforcer.forget(path)  # numad writes it no more (or as a workload's)

@@ -259,21 +259,22 @@ class Simulation:
         children holds no process), or above a released one's until the next pass
         isolates it, one with cgroups below it whose write fails (health names it),
         and one another writer changed, until numad writes it again."""
-        pod = self.cgroups / POD
-        above = other == POD and any(p.is_dir() for p in pod.iterdir())
+        above = other == POD and self._has_children(POD)
         mine = [s.cgroup for s in self.daemon.specs.values()] + sorted(self.daemon.orphans)
         above |= any(m.startswith(other + "/") and (self.cgroups / m).is_dir() for m in mine)
         # One given back above a workload whose cgroup then went, and whose shrink fails
         # now: numad retries it every pass and health names it; with cgroups below it,
         # it holds no process (cgroup v2), and those below are isolated on their own.
-        failing = other in self.failing and any(
-            p.is_dir() for p in (self.cgroups / other).iterdir()
-        )
+        failing = other in self.failing and self._has_children(other)
         return other.count("/") == 0 or above or failing or other in self.drifted
+
+    def _has_children(self, path: str) -> bool:
+        return any(p.is_dir() for p in (self.cgroups / path).iterdir())
 
     def check_files(self, when: str) -> None:
         self.checks += 1
         held = self.held_files()
+        bounded = {o: self.runs_on(o) for o in self.bounded if (self.cgroups / o).is_dir()}
         for path, grant in self.exclusive_files.items():
             if held.get(path) != grant:
                 continue  # rewritten by another writer or gone
@@ -286,8 +287,8 @@ class Simulation:
                         f"{when}: cpus {CPUSet.from_bits(shared)} are in the exclusive"
                         f" {path} and in {other}"
                     )
-            for other in self.bounded:
-                shared = self.runs_on(other) & grant if (self.cgroups / other).is_dir() else 0
+            for other, runs_on in bounded.items():
+                shared = runs_on & grant
                 if shared:
                     raise Violation(
                         f"{when}: {other}, bounded by an isolated cgroup before, runs on"
