@@ -107,8 +107,11 @@ class Reconciler:
         started = time.perf_counter()
         with self.metrics.reconcile_duration.time():
             # The reads of a pass (the managed trees, the cpusets numad wrote) come
-            # first, without the lock: it is held only to decide and write.
-            scan = self.enforcer.scan(self.config.paths.managed_roots)
+            # first, without the lock: it is held only to decide and write. A change
+            # that starts meanwhile goes first: the walk waits for it to end.
+            scan = self.enforcer.scan(
+                self.config.paths.managed_roots, lambda: held.changing.step_aside(held.stopping)
+            )
             with held.changing:
                 repairs = self._pass(scan)
         if repairs is None:

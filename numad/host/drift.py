@@ -9,7 +9,7 @@ and per exclusive grant kept as a partition one read of its partition file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from numad.cpuset import CPUSet, NodeSet
@@ -24,10 +24,17 @@ from numad.observe import EnforcementCounters
 BACKOFF_FROM = 3
 
 
+# Cgroups read between two beats of a pass's scan (its walk beats as often: the
+# hierarchy's ``BEAT_EVERY``): where it tells the watchdog it advances, and steps aside
+# for a change.
+BEAT_EVERY = 256
+
+
 class Enforcer(Protocol):
     """What drift is found on (``numad.host.enforce.Enforcer``)."""
 
     cgroups: Cgroups
+    beat: Callable[[], object]
     metrics: EnforcementCounters
     log: Log
     written: dict[str, tuple[int, NodeSet | None]]
@@ -35,6 +42,33 @@ class Enforcer(Protocol):
     grants: dict[str, int]
     moves: Moves | None
     partitions: Partitions | None
+
+
+def scan(enforcer: Enforcer, roots: Iterable[str], pause: Callable[[], object]) -> Scan:
+    """The managed trees listed, and every cgroup numad wrote read back (reads only).
+    Every ``BEAT_EVERY`` cgroups the watchdog hears the pass advance, and ``pause``
+    runs: a change under way meanwhile goes first. Cost: a listing per parent cgroup,
+    an lstat per other, a read per cgroup numad wrote."""
+
+    def beat() -> None:
+        enforcer.beat()
+        pause()
+
+    listing: dict[str, list[str] | NumadError] = {}
+    for root in roots:
+        try:
+            listing[root] = enforcer.cgroups.descendants(root, beat)
+        except NumadError as err:
+            listing[root] = err
+    reads: dict[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]] = {}
+    for done, (path, value) in enumerate(list(enforcer.written.items()), 1):
+        if done % BEAT_EVERY == 0:
+            beat()
+        try:  # the memory numad leaves alone (value[1] None) is not read
+            reads[path] = (value, enforcer.cgroups.read(path, mems=value[1] is not None))
+        except NumadError:
+            reads[path] = (value, None)
+    return Scan(listing, reads)
 
 
 def find_drift(enforcer: Enforcer, passes: int, scan: Scan | None = None) -> int:

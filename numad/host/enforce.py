@@ -26,7 +26,7 @@ from pathlib import Path
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import NumadError
 from numad.host import strays
-from numad.host.drift import find_drift
+from numad.host.drift import find_drift, scan
 from numad.host.exclusive import Partitions
 from numad.host.targets import Cgroups, Deferred, Listing, Log, Moves, Scan, Target, union
 from numad.observe import EnforcementCounters, Problems
@@ -53,22 +53,10 @@ class Enforcer:
         self.moves: Moves | None = None  # None: every mems write is made here
         self.partitions: Partitions | None = None  # grants as remote partitions
 
-    def scan(self, roots: Iterable[str]) -> Scan:
-        """The managed trees listed, and every cgroup numad wrote read back: the
-        reconcile pass's reads, made before it takes the daemon's lock (reads only)."""
-        listing: dict[str, list[str] | NumadError] = {}
-        for root in roots:
-            try:
-                listing[root] = self.cgroups.descendants(root, self.beat)
-            except NumadError as err:
-                listing[root] = err
-        reads: dict[str, tuple[tuple[int, NodeSet | None], tuple[CPUSet, NodeSet] | None]] = {}
-        for path, value in list(self.written.items()):
-            try:  # the memory numad leaves alone (value[1] None) is not read
-                reads[path] = (value, self.cgroups.read(path, mems=value[1] is not None))
-            except NumadError:
-                reads[path] = (value, None)
-        return Scan(listing, reads)
+    def scan(self, roots: Iterable[str], pause: Callable[[], object] = lambda: None) -> Scan:
+        """The reconcile pass's reads, made before it takes the daemon's lock
+        (``numad.host.drift.scan``); ``pause`` where it may step aside for a change."""
+        return scan(self, roots, pause)
 
     def unmanaged(
         self,

@@ -177,7 +177,8 @@ class Hierarchy:
         parents first. Links are not followed: cgroupfs has none. A directory is listed
         only where its link count shows subdirectories (``_may_have_subdirectories``): on
         cgroupfs one lstat per leaf cgroup, one listing per parent. ``beat`` is called
-        every ``BEAT_EVERY`` directories walked (a reconcile pass advancing)."""
+        every ``BEAT_EVERY`` directories walked, in a directory's entries too (a
+        reconcile pass advancing; where it steps aside for a change)."""
         cg, _, d = self._locate(path)
         found: list[str] = []
         stack = [("/".join(cg.parts), str(d))]
@@ -191,10 +192,10 @@ class Hierarchy:
                 below = os.path.join(directory, child)
                 if _may_have_subdirectories(below):
                     stack.append((name, below))
-            walked += 1 + len(children)
-            if beat is not None and walked >= BEAT_EVERY:
-                walked = 0
-                beat()
+                walked += 1
+                if beat is not None and walked >= BEAT_EVERY:
+                    walked = 0
+                    beat()
         return found
 
     # -- paths -----------------------------------------------------------------------------
