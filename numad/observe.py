@@ -57,6 +57,16 @@ class LabelledCounter(Protocol):
     def labels(self, *values: str) -> Counter: ...
 
 
+class Observed(Protocol):
+    """A distribution (a prometheus-client ``Histogram`` or one of its children)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+class LabelledHistogram(Protocol):
+    def labels(self, *values: str) -> Observed: ...
+
+
 class EnforcementCounters(Protocol):
     """What ``numad.host.enforce`` counts."""
 
@@ -66,6 +76,8 @@ class EnforcementCounters(Protocol):
     def cgroup_not_effective(self) -> Counter: ...
     @property
     def drift_repairs(self) -> Counter: ...
+    @property
+    def cgroup_write_seconds(self) -> LabelledHistogram: ...
 
 
 class MemoryMoveCounters(Protocol):

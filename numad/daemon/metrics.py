@@ -156,6 +156,14 @@ class Metrics:
             "cpusets rewritten after another writer changed them.",
             registry=r,
         )
+        self.cgroup_write_seconds = Histogram(
+            "numad_cgroup_write_seconds",
+            "How long each cpuset write numad made took, the kernel's part included (kind:"
+            " grant, an exclusive set with its partition; shared, any other).",
+            ["kind"],
+            buckets=ADMISSION_BUCKETS,
+            registry=r,
+        )
         self.reconcile_duration = Histogram(
             "numad_reconcile_duration_seconds",
             "Time of one reconcile pass.",

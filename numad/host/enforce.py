@@ -20,6 +20,7 @@ elsewhere).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
@@ -263,7 +264,10 @@ class Enforcer:
             if path not in self.ensured:  # the ancestors' controllers, once per cgroup
                 self.cgroups.ensure(path)
                 self.ensured.add(path)
+            start = time.perf_counter()
             now = self._write(path, cpus, mems, exclusive=exclusive)
+            kind = "grant" if exclusive else "shared"
+            self.metrics.cgroup_write_seconds.labels(kind).observe(time.perf_counter() - start)
             if self._effective(path, CPUSet.from_bits(cpus), now):
                 moved = self.written.get(path, (0, None))[0] != cpus
                 self.written[path] = (cpus, mems)

@@ -76,6 +76,42 @@ def test_requests_and_passes_are_measured_in_the_lock_histogram(
     assert count() >= before + 2
 
 
+@pytest.mark.parametrize("partitions", [False, True])
+def test_each_cpuset_write_is_timed_by_kind(
+    machines: Machines, tmp_path: Path, partitions: bool
+) -> None:
+    """``numad_cgroup_write_seconds{kind}``: a grant (with its partition) and each
+    shared write, one observation per write that went through, none for a write that
+    had nothing to change."""
+    daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": partitions}})
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(3):
+        scratch_mkdir(tree, f"numad.slice/stray{i}")
+
+    def count(kind: str) -> float:
+        value = daemon.metrics.registry.get_sample_value(
+            "numad_cgroup_write_seconds_count", {"kind": kind}
+        )
+        return value or 0.0
+
+    daemon.reconcile()
+    shared, grants = count("shared"), count("grant")
+    assert shared >= (0 if partitions else 3)  # the strays, isolated one by one
+    assert grants == 0
+    scratch_mkdir(tree, "numad.slice/db")
+    spec = {"name": "db", "cgroup": "numad.slice/db", "cpus": 4}
+    assert daemon.admit(daemon.parse(json.dumps(spec), "json")).admitted
+    assert count("grant") == 1
+    assert count("shared") == shared + (0 if partitions else 3)  # each stray shrinks first
+    total = daemon.metrics.registry.get_sample_value(
+        "numad_cgroup_write_seconds_sum", {"kind": "grant"}
+    )
+    assert total is not None
+    assert total > 0
+    daemon.reconcile()  # nothing changed: nothing written, nothing observed
+    assert count("grant") == 1
+
+
 def test_a_deep_chain_is_bounded_and_named_in_health(machines: Machines, tmp_path: Path) -> None:
     """A 200-deep chain in a managed root: its outermost level is isolated, which bounds
     every level below it (cgroup v2), and the levels past the bound are named in health.

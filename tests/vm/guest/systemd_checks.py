@@ -1057,6 +1057,7 @@ def test_by_default_partitions_where_offered_and_permitted() -> None:
             **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
             **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
             **{f"passes_n_mean_s_p99_within_s_{n}_strays": PASSES[n] for n in costs},
+            **{f"write_ms_per_cycle_{n}_strays": WRITES_MS[n] for n in costs},
         )
         restart_with(BASE + PARTITIONS_ON)  # asked for: the kernel's own refusal
         problems = api("GET", "/v1/health")["problems"]
@@ -1130,6 +1131,7 @@ def partitioned(booked: CPUSet) -> None:
         **{f"lock_wait_p99_within_s_{n}_strays": LOCK_WAIT_P99[n] for n in costs},
         **{f"reads_n_median_max_ms_{n}_strays": READS_MS[n] for n in costs},
         **{f"passes_n_mean_s_p99_within_s_{n}_strays": PASSES[n] for n in costs},
+        **{f"write_ms_per_cycle_{n}_strays": WRITES_MS[n] for n in costs},
     )
 
 
@@ -1168,6 +1170,7 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
     before = histogram("numad_lock_held_seconds")
     waits_before = histogram("numad_lock_wait_seconds")
     passes_before = histogram("numad_reconcile_duration_seconds")
+    writes_before = {k: histogram(WRITE_SECONDS, f'kind="{k}"')[2] for k in WRITE_KINDS}
     reader = Reader()
     try:
         for _ in range(cycles):
@@ -1196,6 +1199,13 @@ def admission_seconds(strays: int, cycles: int = 5, *, partition: bool = True) -
             round((passes[2] - passes_before[2]) / count, 3) if count else 0.0,
             p99_since("numad_reconcile_duration_seconds", passes_before, passes),
         ]
+        # The cpuset writes' own time (the kernel's part: with partitions, its walk at
+        # each partition change), per cycle: the grants (one per admission), and the
+        # shared writes (the strays shrunk and grown again one by one; a release's).
+        WRITES_MS[strays] = {
+            k: round((histogram(WRITE_SECONDS, f'kind="{k}"')[2] - writes_before[k]) / cycles * 1e3)
+            for k in WRITE_KINDS
+        }
         READS_MS[strays] = [
             len(reads),
             round(sorted(reads)[len(reads) // 2] * 1e3),
@@ -1213,6 +1223,8 @@ LOCK_P99: dict[int, float] = {}  # strays -> the lock's p99 bucket over admissio
 LOCK_WAIT_P99: dict[int, float] = {}  # strays -> the p99 bucket of the waits for it
 READS_MS: dict[int, list[int]] = {}  # strays -> the reader's reads: count, median, max (ms)
 PASSES: dict[int, list[float]] = {}  # strays -> passes during admission_seconds (see there)
+WRITES_MS: dict[int, dict[str, int]] = {}  # strays -> cpuset writes' ms per cycle, by kind
+WRITE_SECONDS, WRITE_KINDS = "numad_cgroup_write_seconds", ("grant", "shared")
 
 
 class Reader:
@@ -1280,9 +1292,10 @@ def test_a_workload_unit_stopped_for_good_is_released() -> None:
     wait_for(lambda: WORKLOAD not in workloads(), "numad to release the stopped unit's workload")
 
 
-def histogram(metric: str) -> tuple[dict[float, float], float, float]:
-    """One of numad's histograms as scraped now, summed over labels: the cumulative
-    count per bucket bound, the count, the sum."""
+def histogram(metric: str, where: str = "") -> tuple[dict[float, float], float, float]:
+    """One of numad's histograms as scraped now, summed over labels (those of series
+    naming ``where``, e.g. ``kind="grant"``): the cumulative count per bucket bound,
+    the count, the sum."""
     address = api("GET", "/v1/health")["metrics"]
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as answer:
         text = answer.read().decode()
@@ -1290,6 +1303,8 @@ def histogram(metric: str) -> tuple[dict[float, float], float, float]:
     count = total = 0.0
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
+        if where not in name:
+            continue
         if name.startswith(f"{metric}_bucket"):
             bound = name.split('le="', 1)[1].split('"', 1)[0]
             buckets[float(bound)] = buckets.get(float(bound), 0.0) + float(value)
