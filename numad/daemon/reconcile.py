@@ -30,6 +30,9 @@ from numad.observe import Problems
 from numad.placement.admission import admit
 from numad.workload.shape import WorkloadSpec
 
+# How long in all a pass's walk waits for changes that run meanwhile (``_giving_way``).
+GIVE_WAY_SECONDS = 1.0
+
 
 class Reconciler:
     def __init__(  # noqa: PLR0917 - the parts a pass touches
@@ -107,11 +110,8 @@ class Reconciler:
         started = time.perf_counter()
         with self.metrics.reconcile_duration.time():
             # The reads of a pass (the managed trees, the cpusets numad wrote) come
-            # first, without the lock: it is held only to decide and write. A change
-            # that starts meanwhile goes first: the walk waits for it to end.
-            scan = self.enforcer.scan(
-                self.config.paths.managed_roots, lambda: held.changing.step_aside(held.stopping)
-            )
+            # first, without the lock: it is held only to decide and write.
+            scan = self.enforcer.scan(self.config.paths.managed_roots, self._giving_way())
             with held.changing:
                 repairs = self._pass(scan)
         if repairs is None:
@@ -123,6 +123,19 @@ class Reconciler:
             drift_repaired=repairs,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+    def _giving_way(self) -> Callable[[], None]:
+        """A pass's walk gives way to each change that runs meanwhile, waiting for it
+        to end at its next beat, for ``GIVE_WAY_SECONDS`` in all: changes are not slowed
+        by the walk, and back-to-back changes (each of seconds, isolating thousands of
+        strays one by one) do not hold a pass off for long."""
+        held, left = self.held, [GIVE_WAY_SECONDS]
+
+        def pause() -> None:
+            if left[0] > 0:
+                left[0] -= held.changing.step_aside(held.stopping, left[0])
+
+        return pause
 
     def _pass(self, scan: Scan) -> int | None:
         held = self.held

@@ -14,7 +14,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from numad.daemon import reconcile
 from numad.daemon.holdings import Gate, Holdings, TimedLock
+from numad.daemon.root import Daemon
 from numad.host.scratch import scratch_mkdir
 from tests.conftest import Machines, recorded_daemon
 
@@ -248,43 +252,40 @@ def _held_change(held: Holdings, started: threading.Event, go: threading.Event) 
 def test_a_walk_steps_aside_until_a_change_ends() -> None:
     """``Changing.step_aside``: at once with no change under way, or in the change's
     own thread, or with the daemon's lock held (it would wait on itself); while another
-    thread's change runs, until it ends, or until numad stops."""
+    thread's change runs, until it ends, numad stops, or its timeout runs out."""
     held = Holdings()
-    held.changing.step_aside(held.stopping)  # no change: at once
+    assert held.changing.step_aside(held.stopping, LONG) < LONG  # no change: at once
     with held.changing:
-        held.changing.step_aside(held.stopping)  # its own change
+        assert held.changing.step_aside(held.stopping, LONG) < LONG  # its own change
     with held.lock:
-        held.changing.step_aside(held.stopping)  # the lock alone: never waits
-    for ends in ("the change", "numad stopping"):
+        assert held.changing.step_aside(held.stopping, LONG) < LONG  # never waits on itself
+    for ends in ("the change", "numad stopping", "the timeout"):
+        held = Holdings()
         started, go = threading.Event(), threading.Event()
         change = _thread(lambda: _held_change(held, started, go))  # noqa: B023 - joined below
         assert started.wait(LONG)
-        walk = _thread(lambda: held.changing.step_aside(held.stopping))
+        timeout = 0.5 if ends == "the timeout" else LONG
+        waited: list[float] = []
+        walk = _thread(lambda: waited.append(held.changing.step_aside(held.stopping, timeout)))  # noqa: B023
         walk.join(0.3)
         assert walk.is_alive(), f"{ends}: the walk went on beside the change"
-        (go if ends == "the change" else held.stopping).set()
+        if ends != "the timeout":
+            (go if ends == "the change" else held.stopping).set()
         walk.join(LONG)
         assert not walk.is_alive(), f"{ends}: the walk never went on"
+        assert waited[0] >= 0.3
+        if ends == "the timeout":
+            assert change.is_alive()  # the change runs on: the walk went on past it
+            assert waited[0] >= 0.49
         go.set()
         change.join(LONG)
         assert not change.is_alive()
 
 
-def test_a_pass_walking_the_tree_waits_for_an_admission_under_way(
-    machines: Machines, tmp_path: Path
-) -> None:
-    """A pass's scan (before the lock) beats every 256 cgroups, in a directory's
-    entries too, and at a beat waits for a change under way, which then runs without
-    sharing the interpreter with the walk: beside 10,000 strays an admission's own
-    part went from 8.4 ms beside a scan in a loop to 3.9 ms (3.5 ms quiet; measured
-    2026-12-05). Before, the walk went on through the change."""
-    daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": True}})
-    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
-    for i in range(600):  # flat: one directory of 600 entries, beaten in
-        scratch_mkdir(tree, f"numad.slice/stray{i}")
-    daemon.reconcile()
-    held, beats = daemon.held, [0]
-    real = daemon.enforcer.beat
+def _pass_beside_a_change(daemon: Daemon) -> tuple[list[int], threading.Event, threading.Thread]:
+    """A change under way (until the event is set), and a pass started beside it:
+    the beats its walk made so far."""
+    beats, real = [0], daemon.enforcer.beat
 
     def counted() -> None:
         beats[0] += 1
@@ -292,15 +293,55 @@ def test_a_pass_walking_the_tree_waits_for_an_admission_under_way(
 
     daemon.enforcer.beat = counted
     started, go = threading.Event(), threading.Event()
-    change = _thread(lambda: _held_change(held, started, go))
+    _thread(lambda: _held_change(daemon.held, started, go))
     assert started.wait(LONG)
-    passing = _thread(daemon.reconcile)
+    return beats, go, _thread(daemon.reconcile)
+
+
+def _flat(machines: Machines, tmp_path: Path) -> Daemon:
+    daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": True}})
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    for i in range(600):  # flat: one directory of 600 entries, beaten in
+        scratch_mkdir(tree, f"numad.slice/stray{i}")
+    daemon.reconcile()
+    return daemon
+
+
+def test_a_pass_walking_the_tree_waits_for_an_admission_under_way(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass's scan (before the lock) beats every 256 cgroups, in a directory's
+    entries too, and at a beat waits for a change under way, which then runs without
+    sharing the interpreter with the walk: beside 10,000 strays an admission's own
+    part went from 8.4 ms beside a scan in a loop to 3.9 ms (3.5 ms quiet; measured
+    2026-12-05). Before, the walk went on through the change."""
+    monkeypatch.setattr(reconcile, "GIVE_WAY_SECONDS", LONG)
+    daemon = _flat(machines, tmp_path)
+    beats, go, passing = _pass_beside_a_change(daemon)
     _until(lambda: beats[0] >= 1, "the pass's first beat")
     passing.join(0.3)
     assert beats[0] == 1, f"the walk went on beside the change: {beats[0]} beats"
     go.set()
-    change.join(LONG)
     passing.join(LONG)
     assert not passing.is_alive()
     assert beats[0] >= 2  # 600 cgroups: beaten inside numad.slice's entries
-    assert held.passes >= 2
+    assert daemon.held.passes >= 2
+
+
+def test_a_pass_gives_way_for_a_bounded_time_in_all(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes back to back (each of seconds, one by one beside thousands of strays)
+    do not hold a pass's walk off past ``GIVE_WAY_SECONDS`` in all: it walks on beside
+    the change, then waits for the change as every pass does, to decide and write."""
+    monkeypatch.setattr(reconcile, "GIVE_WAY_SECONDS", 0.2)
+    daemon = _flat(machines, tmp_path)
+    beats, go, passing = _pass_beside_a_change(daemon)
+    _until(lambda: beats[0] >= 2, "the walk going on once its time to give way was over")
+    passing.join(0.1)
+    assert passing.is_alive()  # the pass waits for the change to decide and write
+    passes = daemon.held.passes
+    go.set()
+    passing.join(LONG)
+    assert not passing.is_alive()
+    assert daemon.held.passes == passes + 1
