@@ -14,9 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from numad.daemon import reconcile
 from numad.daemon.holdings import Gate, Holdings, TimedLock
 from numad.daemon.root import Daemon
 from numad.host.scratch import scratch_mkdir
@@ -298,8 +295,9 @@ def _pass_beside_a_change(daemon: Daemon) -> tuple[list[int], threading.Event, t
     return beats, go, _thread(daemon.reconcile)
 
 
-def _flat(machines: Machines, tmp_path: Path) -> Daemon:
-    daemon = recorded_daemon(machines, tmp_path, {"host": {"partitions": True}})
+def _flat(machines: Machines, tmp_path: Path, period: float) -> Daemon:
+    config = {"host": {"partitions": True}, "daemon": {"reconcile-seconds": period}}
+    daemon = recorded_daemon(machines, tmp_path, config)
     tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
     for i in range(600):  # flat: one directory of 600 entries, beaten in
         scratch_mkdir(tree, f"numad.slice/stray{i}")
@@ -308,15 +306,14 @@ def _flat(machines: Machines, tmp_path: Path) -> Daemon:
 
 
 def test_a_pass_walking_the_tree_waits_for_an_admission_under_way(
-    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machines: Machines, tmp_path: Path
 ) -> None:
     """A pass's scan (before the lock) beats every 256 cgroups, in a directory's
     entries too, and at a beat waits for a change under way, which then runs without
     sharing the interpreter with the walk: beside 10,000 strays an admission's own
     part went from 8.4 ms beside a scan in a loop to 3.9 ms (3.5 ms quiet; measured
     2026-12-05). Before, the walk went on through the change."""
-    monkeypatch.setattr(reconcile, "GIVE_WAY_SECONDS", LONG)
-    daemon = _flat(machines, tmp_path)
+    daemon = _flat(machines, tmp_path, period=2 * LONG)
     beats, go, passing = _pass_beside_a_change(daemon)
     _until(lambda: beats[0] >= 1, "the pass's first beat")
     passing.join(0.3)
@@ -328,14 +325,12 @@ def test_a_pass_walking_the_tree_waits_for_an_admission_under_way(
     assert daemon.held.passes >= 2
 
 
-def test_a_pass_gives_way_for_a_bounded_time_in_all(
-    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_pass_gives_way_for_a_bounded_time_in_all(machines: Machines, tmp_path: Path) -> None:
     """Changes back to back (each of seconds, one by one beside thousands of strays)
-    do not hold a pass's walk off past ``GIVE_WAY_SECONDS`` in all: it walks on beside
-    the change, then waits for the change as every pass does, to decide and write."""
-    monkeypatch.setattr(reconcile, "GIVE_WAY_SECONDS", 0.2)
-    daemon = _flat(machines, tmp_path)
+    do not hold a pass's walk off past half the reconcile period in all: it walks on
+    beside the change, then waits for the change as every pass does, to decide and
+    write."""
+    daemon = _flat(machines, tmp_path, period=0.4)
     beats, go, passing = _pass_beside_a_change(daemon)
     _until(lambda: beats[0] >= 2, "the walk going on once its time to give way was over")
     passing.join(0.1)
