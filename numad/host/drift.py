@@ -14,6 +14,7 @@ from typing import Protocol
 
 from numad.cpuset import CPUSet, NodeSet
 from numad.errors import CgroupError, NumadError
+from numad.host.cgroup.hierarchy import BEAT_EVERY
 from numad.host.exclusive import Partitions
 from numad.host.targets import Cgroups, Log, Moves, Scan
 from numad.observe import EnforcementCounters
@@ -22,12 +23,6 @@ from numad.observe import EnforcementCounters
 # often: that one waits 2 passes, the next 4, ... up to 64 (``find_drift``). A write seen
 # as it happens (``drifted``) wakes no pass for a cgroup whose next repair would wait.
 BACKOFF_FROM = 3
-
-
-# Cgroups read between two beats of a pass's scan (its walk beats as often: the
-# hierarchy's ``BEAT_EVERY``): where it tells the watchdog it advances, and steps aside
-# for a change.
-BEAT_EVERY = 256
 
 
 class Enforcer(Protocol):
@@ -46,9 +41,9 @@ class Enforcer(Protocol):
 
 def scan(enforcer: Enforcer, roots: Iterable[str], pause: Callable[[], object]) -> Scan:
     """The managed trees listed, and every cgroup numad wrote read back (reads only).
-    Every ``BEAT_EVERY`` cgroups the watchdog hears the pass advance, and ``pause``
-    runs: a change under way meanwhile goes first. Cost: a listing per parent cgroup,
-    an lstat per other, a read per cgroup numad wrote."""
+    Every ``BEAT_EVERY`` cgroups walked or read the watchdog hears the pass advance,
+    and ``pause`` runs: a change under way meanwhile goes first. Cost: a listing per
+    parent cgroup, an lstat per other, a read per cgroup numad wrote."""
 
     def beat() -> None:
         enforcer.beat()

@@ -54,7 +54,7 @@ class Enforcer:
         self.moves: Moves | None = None  # None: every mems write is made here
         self.partitions: Partitions | None = None  # grants as remote partitions
 
-    def scan(self, roots: Iterable[str], pause: Callable[[], object] = lambda: None) -> Scan:
+    def scan(self, roots: Iterable[str], pause: Callable[[], object]) -> Scan:
         """The reconcile pass's reads, made before it takes the daemon's lock
         (``numad.host.drift.scan``); ``pause`` where it may step aside for a change."""
         return scan(self, roots, pause)
