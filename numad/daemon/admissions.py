@@ -24,7 +24,7 @@ from numad.daemon.holdings import Holdings
 from numad.daemon.metrics import Metrics
 from numad.daemon.moving import Resident, View, decide, recorded, search
 from numad.daemon.views import Views
-from numad.errors import CheckpointError, NumadError, SpecError, WorkloadError
+from numad.errors import NumadError, SpecError, WorkloadError
 from numad.host.isolation import Isolation
 from numad.host.migration import Migrations
 from numad.host.targets import Log
@@ -144,15 +144,12 @@ class Admissions:
             self.log.info("admission_rejected", workload=spec.name, reason=str(outcome.reason))
             return outcome
         specs = {**held.specs, spec.name: spec}
+        seen = held.seen
         if any(self.commits.enforcer.exists(spec.container_cgroup(c)) for c in spec.containers):
-            held.seen.add(spec.name)  # released when its cgroups go (after the grace)
-        try:
-            self.commits.commit(books, specs)  # invariant 3: before any cgroup change
-        except CheckpointError:
-            held.seen.discard(spec.name)
-            raise
+            seen = seen | {spec.name}  # released when its cgroups go (after the grace)
+        self.commits.commit(books, specs, seen=seen)  # invariant 3: before any cgroup change
         self.commits.crash_point("admit:after-checkpoint")
-        held.books, held.specs = books, specs
+        held.books, held.specs, held.seen = books, specs, seen
         held.outcomes[spec.name] = outcome
         if plan is not None:
             self.metrics.admitted_by_moves.inc()
@@ -181,17 +178,12 @@ class Admissions:
             spec = held.specs[name]
             books = release(held.books, name)
             specs = {k: v for k, v in held.specs.items() if k != name}
-            was_orphan, was_unplaced = set(held.orphans), held.unplaced.pop(name, None)
-            held.orphans |= {spec.container_cgroup(c) for c in spec.containers}
-            try:
-                self.commits.commit(books, specs)
-            except CheckpointError:
-                held.orphans = was_orphan
-                if was_unplaced is not None:
-                    held.unplaced[name] = was_unplaced
-                raise
+            orphans = held.orphans | {spec.container_cgroup(c) for c in spec.containers}
+            unplaced = {k: why for k, why in held.unplaced.items() if k != name}
+            self.commits.commit(books, specs, orphans=orphans, unplaced=unplaced)
             self.commits.crash_point("release:after-checkpoint")
-            held.books, held.specs = books, specs
+            held.books, held.specs, held.orphans = books, specs, orphans
+            held.unplaced.pop(name, None)
             held.forget(name)
             for problem in ("workload", "outside", "cgroup-of"):
                 self.health.clear(f"{problem}:{name}")

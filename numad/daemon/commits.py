@@ -64,30 +64,43 @@ class Commits:
         # A failpoint for the crash tests: die at the named step, as SIGKILL would.
         self._crash_at = os.environ.get("NUMAD_TEST_CRASH_AT", "")
 
-    def commit(self, books: Books, specs: Mapping[str, WorkloadSpec]) -> None:
-        """Write the checkpoint of ``books``/``specs``; CheckpointError leaves the
-        daemon's state as it was and makes numad not ready until a write succeeds."""
+    def commit(
+        self,
+        books: Books,
+        specs: Mapping[str, WorkloadSpec],
+        *,
+        orphans: set[str] | None = None,
+        unplaced: Mapping[str, str] | None = None,
+        seen: set[str] | None = None,
+    ) -> None:
+        """Write the checkpoint of ``books``/``specs`` (and of the holdings' ``orphans``,
+        ``unplaced`` and ``seen`` as they will be: by default as they are; the caller
+        sets them once this returns). CheckpointError leaves the daemon's state as it
+        was and makes numad not ready until a write succeeds. Within a change, the
+        write and its fsync run with the daemon's lock let go (``unlocked``): readers
+        still see the holdings as last committed, for nothing of this change is in them
+        yet; a disk slow to sync holds no reader."""
         held = self.held
+        unplaced = held.unplaced if unplaced is None else unplaced
         records = {
-            name: state.record_of(books, name, spec.to_dict(), held.unplaced.get(name, ""))
+            name: state.record_of(books, name, spec.to_dict(), unplaced.get(name, ""))
             for name, spec in specs.items()
         }
         reserved = CPUSet.from_bits(held.reserved).format_list()
-        orphans = tuple(sorted(held.orphans))
+        orphans = held.orphans if orphans is None else orphans
         grants = {p: CPUSet.from_bits(c).format_list() for p, c in self.enforcer.grants.items()}
+        seen = held.seen if seen is None else seen
+        checkpoint = state.Checkpoint(
+            reserved,
+            records,
+            tuple(sorted(orphans)),
+            reserved_setting(self.config),
+            grants,
+            tuple(sorted(seen & specs.keys())),
+        )
         try:
-            state.write(
-                self.state_dir,
-                state.Checkpoint(
-                    reserved,
-                    records,
-                    orphans,
-                    reserved_setting(self.config),
-                    grants,
-                    tuple(sorted(held.seen & specs.keys())),
-                ),
-                self.syscalls,
-            )
+            with held.changing.unlocked():
+                state.write(self.state_dir, checkpoint, self.syscalls)
         except CheckpointError as err:
             self.health.set("checkpoint", f"{err}; numad cannot commit changes")
             self.log.error("checkpoint_write_failed", problem=str(err))
@@ -303,13 +316,12 @@ class Commits:
         owned = held.owned()
         settled = {p for p in held.orphans if p in owned or self.enforcer.exists(p) is False}
         if settled:
-            was = set(held.orphans)
-            held.orphans -= settled
+            orphans = held.orphans - settled
             try:
-                self.commit(held.books, held.specs)
+                self.commit(held.books, held.specs, orphans=orphans)
             except CheckpointError:
-                held.orphans = was
                 return
+            held.orphans = orphans
             for path in settled - owned:
                 self.enforcer.forget(path)
             self.isolation.workloads.own(self.units(), held.orphans)

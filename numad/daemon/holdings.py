@@ -13,9 +13,10 @@ Two locks, always taken in this order:
   cgroup write. It takes ``lock`` too.
 - ``lock``, the daemon's lock (``numad_lock_held_seconds``): readers (the views,
   ``plan``, a search for moves) take it alone. A change lets go of it around its
-  slow cgroup writes (``unlocked``: thousands of isolated cgroups to shrink, a
-  kernel's walk at a partition change), keeping ``changing``; readers see every
-  decision already committed, and no one else changes anything.
+  checkpoint's write and fsync (a disk slow to sync) and its slow cgroup writes
+  (``unlocked``: thousands of isolated cgroups to shrink, a kernel's walk at a
+  partition change), keeping ``changing``; readers see every decision already
+  committed, and no one else changes anything.
 
 Each reader waits for the writes at the lock's gate for at most ``GRACE`` (50 ms), then
 gets in beside them, once: a reader running beside the writes shares the interpreter
@@ -30,10 +31,11 @@ takes either, waits for a change under way at its next beat (``Changing.step_asi
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from numad.placement.admission import Books, Engine, Outcome
 from numad.placement.managers.cpu.static import StaticPolicy
@@ -51,6 +53,10 @@ GRACE = 0.05
 # How often a walk stepping aside for a change looks whether numad stops (SIGTERM is
 # honoured within 2 s).
 STEP_ASIDE_POLL = 0.1
+# A hold of the daemon's lock this long (s, 10x the p99 target) is reported with the
+# code that held it (``TimedLock.long``): the histogram shows that one was slow, this
+# says where it ended, and who called.
+LONG_HOLD = 0.1
 
 
 class Gate:
@@ -102,13 +108,15 @@ class Gate:
 
 class TimedLock:
     """A re-entrant lock that reports how long it was held, from the outermost
-    acquire to the outermost release (``numad_lock_held_seconds``). A thread that
+    acquire to the outermost release (``numad_lock_held_seconds``), and where a hold
+    of ``LONG_HOLD`` or more ended, in its holder's code (``long``). A thread that
     does not hold it passes its ``gate`` first."""
 
     def __init__(
         self,
         observe: Callable[[float], object] = lambda _: None,
         waited: Callable[[float], object] = lambda _: None,
+        long: Callable[[float, str], object] = lambda _s, _w: None,
     ) -> None:
         self._lock = threading.RLock()
         self._depth = 0
@@ -116,6 +124,7 @@ class TimedLock:
         self._owner: int | None = None
         self.observe = observe  # each hold, once let go
         self.waited = waited  # each wait for it (at the gate, then for the lock)
+        self.long = long  # each hold of LONG_HOLD or more, and where it ended (``holder``)
         self.gate = Gate()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -144,6 +153,8 @@ class TimedLock:
         self._lock.release()
         if held is not None:
             self.observe(held)
+            if held >= LONG_HOLD:
+                self.long(held, holder())
 
     def mine(self) -> bool:
         """Whether this thread holds the lock."""
@@ -173,6 +184,22 @@ class TimedLock:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+def holder(depth: int = 6) -> str:
+    """Where the calling thread lets go of a lock: its innermost ``depth`` frames
+    outside this module and ``contextlib``, innermost first ("file:line in function",
+    the file from its package's directory). Looked up only for a long hold, so an
+    ordinary one costs nothing."""
+    frames: list[str] = []
+    frame: FrameType | None = sys._getframe(1)  # the caller's frames, read only here
+    while frame is not None and len(frames) < depth:
+        code = frame.f_code
+        if code.co_filename not in {__file__, contextlib.__file__}:
+            where = "/".join(code.co_filename.rsplit("/", 3)[-3:])
+            frames.append(f"{where}:{frame.f_lineno} in {code.co_qualname}")
+        frame = frame.f_back
+    return " < ".join(frames)
 
 
 class Changing:

@@ -271,12 +271,12 @@ class Reconciler:
                 continue
             if not outcome.admitted:
                 continue
-            why = held.unplaced.pop(name)
+            unplaced = {k: why for k, why in held.unplaced.items() if k != name}
             try:
-                self.commits.commit(books, held.specs)
+                self.commits.commit(books, held.specs, unplaced=unplaced)
             except CheckpointError:
-                held.unplaced[name] = why
                 return
+            why = held.unplaced.pop(name)
             held.books = books
             held.outcomes[name] = outcome
             self.health.clear(f"workload:{name}")

@@ -86,7 +86,13 @@ class Daemon:
         self.started = False
         self.health = Problems()
         self.held = held = Holdings(
-            TimedLock(self.metrics.lock_held.observe, self.metrics.lock_wait.observe)
+            TimedLock(
+                self.metrics.lock_held.observe,
+                self.metrics.lock_wait.observe,
+                lambda seconds, holder: log.warning(
+                    "lock_held_long", seconds=round(seconds, 3), holder=holder
+                ),
+            )
         )
         self.lock = held.lock
         self.isolation = Isolation(

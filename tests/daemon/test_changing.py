@@ -10,14 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon.holdings import TimedLock
+from numad.daemon import admissions, state
+from numad.daemon.holdings import LONG_HOLD, TimedLock
 from numad.daemon.root import Daemon
 from numad.errors import WorkloadError
 from numad.host.scratch import scratch_mkdir
@@ -264,3 +268,69 @@ def test_concurrent_changes_keep_exclusive_cpus_exclusive(
     assert not failures, failures
     assert broken == []
     assert daemon.health.has("enforce") is False
+
+
+def test_no_checkpoint_is_written_under_the_daemons_lock(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission, release and a pass that forgets a released cgroup now gone write
+    their checkpoint (and its fsync) with the lock let go; a reader that gets in
+    meanwhile sees what was committed before, none of the change. Fails on the old
+    code: the lock was held across the write, and the reader waited out its timeout."""
+    daemon = _daemon(machines, tmp_path, True)
+    real, orphan = state.write, "numad.slice/db"
+    writes: list[tuple[bool, object]] = []
+
+    def read() -> object:
+        if not daemon.held.lock.acquire(timeout=5):
+            return "the daemon's lock was held"
+        try:
+            return [w["name"] for w in daemon.list_all()], orphan in daemon.held.orphans
+        finally:
+            daemon.held.lock.release()
+
+    def watched(*args: Any) -> None:
+        seen: list[object] = []
+        reader = threading.Thread(target=lambda: seen.append(read()))
+        reader.start()
+        reader.join()
+        writes.append((daemon.held.lock.mine(), seen[0]))
+        real(*args)
+
+    monkeypatch.setattr(state, "write", watched)
+    assert daemon.admit(_spec(daemon, "db")).admitted
+    daemon.release("db")
+    shutil.rmtree(Path(str(daemon.fs.root)) / "sys/fs/cgroup" / orphan)
+    daemon.reconcile()
+    assert orphan not in daemon.held.orphans  # forgotten, committed
+    assert writes == [
+        (False, ([], False)),  # admitting db
+        (False, (["db"], False)),  # releasing it: its cgroup is no orphan yet
+        (False, ([], True)),  # forgetting its cgroup, gone
+    ]
+
+
+def test_a_long_hold_of_the_lock_is_logged_with_its_holder(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold of LONG_HOLD or more is logged with where it ended, up to the request
+    that held it; a short one is not logged."""
+    daemon = recorded_daemon(machines, tmp_path)
+    real = admissions.admit
+
+    def slow(*args: Any) -> Any:  # a decision that takes long
+        time.sleep(LONG_HOLD)
+        return real(*args)
+
+    with capture_logs() as logs:
+        with daemon.held.lock:
+            pass
+        assert not [e for e in logs if e["event"] == "lock_held_long"]
+        monkeypatch.setattr(admissions, "admit", slow)
+        assert daemon.admit(_spec(daemon, "db")).admitted
+    long = [e for e in logs if e["event"] == "lock_held_long"]
+    assert len(long) == 1, long
+    assert long[0]["seconds"] >= LONG_HOLD
+    frames = long[0]["holder"].split(" < ")
+    assert frames[0].startswith("numad/daemon/commits.py:"), frames  # let go to write
+    assert any(f.endswith(" in Admissions.admit") for f in frames), frames  # an admission
