@@ -230,7 +230,8 @@ class Commits:
     def isolate_new(self, paths: list[str]) -> None:
         """Cgroups that just appeared (``numad.host.cgroup.events``), off the exclusive
         CPUs at once: each that is no workload's gets the shared pool now, not at the
-        next pass. Cost: the new cgroups' writes, nothing per existing cgroup."""
+        next pass. Cost: the new cgroups' writes (with the daemon's lock let go), nothing
+        per existing cgroup."""
         held = self.held
         with held.changing:
             if held.stopped or not self.config.isolate or not hasattr(held, "books"):
@@ -244,12 +245,14 @@ class Commits:
             made, owned = set(paths), held.owned()
             mine = self.others.present(owned, made)  # above one gone: a stray
             back = [s for s in held.specs.values() if self.others.below(held.cgroups_of(s) & made)]
-            for spec in back:  # a workload's cgroup made again below an isolated one
-                self.others.leave(spec)
+            with held.changing.unlocked():  # each may walk a subtree and write
+                for spec in back:  # a workload's cgroup made again below an isolated one
+                    self.others.leave(spec)
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)
-                self.others.find()
+                with held.changing.unlocked():
+                    self.others.find()
                 tops = [p for p in tops if p in held.others and p not in was]
             new = tops + [
                 p
@@ -264,10 +267,11 @@ class Commits:
                 new = sorted(outermost(set(new), held.others))
             if not new:
                 return
-            held.others |= set(new)
+            held.others = held.others | set(new)  # a new set: a reader may be sorting the old
             self.isolation.mark(held.others, owned)
             pool = held.books.cpu.shared_pool
-            self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
+            with held.changing.unlocked():  # a batch of hundreds: no reader waits for it
+                self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 
     def written_elsewhere(self, paths: set[str]) -> bool:
