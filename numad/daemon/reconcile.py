@@ -160,7 +160,8 @@ class Reconciler:
         self.commits.enforce(listing=scan.listing)  # raises to the supervisor: retried
         self.health.clear("enforce")
         self.commits.settle_orphans()
-        self._measure_memory()
+        with held.changing.unlocked():  # memory.numa_stat, per workload: readers get in
+            self._measure_memory()
         return repairs
 
     def _measure_memory(self) -> None:

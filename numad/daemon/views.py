@@ -64,8 +64,9 @@ class Views:
 
     def list_all(self) -> list[dict[str, Any]]:
         held = self.held
-        with held.lock:  # one consistent snapshot
-            return [self.show(n) for n in sorted(held.specs)]
+        with held.lock:  # one consistent snapshot of the holdings
+            shown = [self._shown(n) for n in sorted(held.specs)]
+        return [self._with_memory(*each) for each in shown]  # the memory, after the lock
 
     def explain(self, name: str) -> dict[str, Any]:
         held = self.held
@@ -124,48 +125,63 @@ class Views:
         }
 
     def show(self, name: str) -> dict[str, Any]:
+        """The workload as numad holds it (read under the daemon's lock), and where its
+        memory is (read after it: each read of ``memory.numa_stat`` makes the kernel
+        flush statistics that grow with the host's cgroups)."""
+        with self.held.lock:
+            shown, paths, nodes = self._shown(name)
+        return self._with_memory(shown, paths, nodes)
+
+    def _shown(self, name: str) -> tuple[dict[str, Any], list[str], NodeSet]:
+        """``show``'s part read from the holdings (the caller holds the lock), with the
+        cgroups and nodes whose memory ``_with_memory`` reads."""
         held = self.held
-        with held.lock:
-            if name not in held.specs:
-                raise WorkloadError(name, "no such workload")
-            spec = held.specs[name]
-            placed = placements(held.books, name, held.engine.cpu_policy.topo)
-            pool = CPUSet.from_bits(held.books.cpu.shared_pool)
-            containers = {}
-            for c in spec.containers:
-                p = placed.get(c.name)
-                containers[c.name] = {
-                    "cgroup": spec.container_cgroup(c),
-                    "cpus": (p.cpus if p is not None and p.cpus else pool).format_list(),
-                    "exclusive": bool(p is not None and p.cpus),
-                    "mems": p.mems.format_list() if p is not None else "",
-                    "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
-                    **groups_json(p),
-                }
-            shown: dict[str, Any] = {
-                "name": name,
-                "cgroup": spec.cgroup,
-                "movable": spec.movable,
-                "containers": containers,
+        if name not in held.specs:
+            raise WorkloadError(name, "no such workload")
+        spec = held.specs[name]
+        placed = placements(held.books, name, held.engine.cpu_policy.topo)
+        pool = CPUSet.from_bits(held.books.cpu.shared_pool)
+        containers = {}
+        for c in spec.containers:
+            p = placed.get(c.name)
+            containers[c.name] = {
+                "cgroup": spec.container_cgroup(c),
+                "cpus": (p.cpus if p is not None and p.cpus else pool).format_list(),
+                "exclusive": bool(p is not None and p.cpus),
+                "mems": p.mems.format_list() if p is not None else "",
+                "devices": {k: list(v) for k, v in p.devices.items()} if p is not None else {},
+                **groups_json(p),
             }
-            if spec.unit is not None:
-                shown["unit"] = spec.unit
-                shown["via"] = self.isolation.via(spec.cgroup)
-            if name in held.unplaced:
-                shown["unplaced"] = held.unplaced[name]
-            shown["memory"] = self.memory_of(name)
-            shown["state"] = shown["memory"]["state"]
-            cgroup = self.cgroup_state(name)
-            if cgroup:
-                shown["state"] = cgroup
-            if name in held.outside:
-                shown["state"] = "outside"
-                shown["outside"] = (
-                    "its cgroup is outside [paths] managed-roots: numad keeps its CPUs and"
-                    f" writes its cgroups no more; release it (numad release {name}) or add"
-                    " its root back and restart numad"
-                )
-            return shown
+        shown: dict[str, Any] = {
+            "name": name,
+            "cgroup": spec.cgroup,
+            "movable": spec.movable,
+            "containers": containers,
+        }
+        if spec.unit is not None:
+            shown["unit"] = spec.unit
+            shown["via"] = self.isolation.via(spec.cgroup)
+        if name in held.unplaced:
+            shown["unplaced"] = held.unplaced[name]
+        shown["state"] = self.cgroup_state(name)  # else the memory's, once read
+        if name in held.outside:
+            shown["state"] = "outside"
+            shown["outside"] = (
+                "its cgroup is outside [paths] managed-roots: numad keeps its CPUs and"
+                f" writes its cgroups no more; release it (numad release {name}) or add"
+                " its root back and restart numad"
+            )
+        return (shown, *self._memory_nodes(name))
+
+    def _with_memory(
+        self, shown: dict[str, Any], paths: list[str], nodes: NodeSet
+    ) -> dict[str, Any]:
+        state, outside = shown.pop("state"), shown.pop("outside", None)
+        shown["memory"] = self._memory(paths, nodes)
+        shown["state"] = state or shown["memory"]["state"]
+        if outside is not None:
+            shown["outside"] = outside
+        return shown
 
     def cgroup_state(self, name: str) -> str:
         """ "waiting for its cgroup" (never seen yet), "cgroup gone, released in N s"
@@ -198,17 +214,19 @@ class Views:
     def memory_of(self, name: str) -> dict[str, Any]:
         """Where the workload's memory is: its state (``migrating`` while the mover has
         work for it), its nodes, its locality and the last moves."""
-        held = self.held
-        with held.lock:
+        with self.held.lock:
             paths, nodes = self._memory_nodes(name)
-            share, size = self.migrations.locality(paths, nodes) if paths else (None, 0)
-            return {
-                "state": self.migrations.status(paths) or ("placed" if paths else "shared"),
-                "nodes": str(nodes),
-                "locality": None if share is None else round(share, 4),
-                "anon_bytes": size,
-                "moves": self.migrations.last(paths),
-            }
+        return self._memory(paths, nodes)  # read after the lock (``show``)
+
+    def _memory(self, paths: list[str], nodes: NodeSet) -> dict[str, Any]:
+        share, size = self.migrations.locality(paths, nodes) if paths else (None, 0)
+        return {
+            "state": self.migrations.status(paths) or ("placed" if paths else "shared"),
+            "nodes": str(nodes),
+            "locality": None if share is None else round(share, 4),
+            "anon_bytes": size,
+            "moves": self.migrations.last(paths),
+        }
 
     def check_cgroups_free(self, spec: WorkloadSpec) -> None:
         """Two workloads never write the same cgroup, nor one inside the other's."""
