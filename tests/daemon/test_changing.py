@@ -20,11 +20,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from numad.cpuset import CPUSet, NodeSet
-from numad.daemon import admissions, state
+from numad.daemon import state
 from numad.daemon.holdings import LONG_HOLD, TimedLock
 from numad.daemon.root import Daemon
 from numad.errors import WorkloadError
 from numad.host.scratch import scratch_mkdir
+from numad.placement import admission
 from tests.conftest import Machines, recorded_daemon
 
 STRAYS = 40
@@ -322,7 +323,7 @@ def test_a_long_hold_of_the_lock_is_logged_with_its_holder(
     """A hold of LONG_HOLD or more is logged with where it ended, up to the request
     that held it; a short one is not logged."""
     daemon = recorded_daemon(machines, tmp_path)
-    real = admissions.admit
+    real = admission.admit
 
     def slow(*args: Any) -> Any:  # a decision that takes long
         time.sleep(LONG_HOLD)
@@ -332,7 +333,7 @@ def test_a_long_hold_of_the_lock_is_logged_with_its_holder(
         with daemon.held.lock:
             pass
         assert not [e for e in logs if e["event"] == "lock_held_long"]
-        monkeypatch.setattr(admissions, "admit", slow)
+        monkeypatch.setattr("numad.daemon.admissions.admit", slow)
         assert daemon.admit(_spec(daemon, "db")).admitted
     long = [e for e in logs if e["event"] == "lock_held_long"]
     assert len(long) == 1, long
