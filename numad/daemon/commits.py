@@ -268,9 +268,9 @@ class Commits:
             if not new:
                 return
             held.others = held.others | set(new)  # a new set: a reader may be sorting the old
-            self.isolation.mark(held.others, owned)
             pool = held.books.cpu.shared_pool
             with held.changing.unlocked():  # a batch of hundreds: no reader waits for it
+                self.isolation.mark(held.others, owned)  # their own settings read, saved
                 self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 

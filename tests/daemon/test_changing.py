@@ -73,6 +73,7 @@ def test_no_cgroup_is_written_under_the_daemons_lock(
     in the 6.12 guest)."""
     daemon = _daemon(machines, tmp_path, MODES[mode])
     writes = _watch_writes(daemon, monkeypatch)
+    _locked = daemon.held.lock.mine
     assert daemon.admit(_spec(daemon, "db")).admitted
     daemon.release("db")
     assert daemon.admit(_spec(daemon, "db")).admitted
@@ -82,13 +83,23 @@ def test_no_cgroup_is_written_under_the_daemons_lock(
     made = [f"numad.slice/new{i}" for i in range(3)]
     for path in made:
         scratch_mkdir(tree, path)
+    saves: list[bool] = []  # the isolation record, saved with the lock held?
+    save = daemon.isolation._save
+
+    def watched_save() -> None:
+        saves.append(_locked())
+        save()
+
+    monkeypatch.setattr(daemon.isolation, "_save", watched_save)
     daemon.commits.isolate_new(made)
     daemon.stop()
     written = {path for path, _ in writes}
     assert "numad.slice/db" in written
     if mode == "one by one":
         assert {f"numad.slice/stray{i}" for i in range(STRAYS)} | set(made) <= written
+        assert saves[0] is False  # the new cgroups' own settings, read and saved
     assert [path for path, locked in writes if locked] == []
+    assert True not in saves
 
 
 @pytest.mark.parametrize("mode", MODES)
