@@ -357,10 +357,10 @@ def test_a_long_hold_of_the_lock_is_logged_with_its_holder(
 def test_no_memory_statistics_are_read_under_the_daemons_lock(
     machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """show, list and a pass read each workload's memory.numa_stat (a read that makes
-    the kernel flush statistics growing with the host's cgroups) after the daemon's
-    lock, and show what they read. Fails on the old code: every read was under it (a
-    list held the lock 170 ms in the 6.12 guest beside 10,000 strays)."""
+    """show, list and a pass read each workload's memory.numa_stat (a read whose time
+    is the kernel's) after the daemon's lock, and show what they read. Fails on the old
+    code: every read was under it (a list held the lock 170 ms in the 6.12 guest beside
+    10,000 strays)."""
     daemon = _daemon(machines, tmp_path, True)
     assert daemon.admit(_spec(daemon, "db")).admitted
     reads: list[tuple[str, bool]] = []
