@@ -164,6 +164,7 @@ class Views:
             shown["via"] = self.isolation.via(spec.cgroup)
         if name in held.unplaced:
             shown["unplaced"] = held.unplaced[name]
+        shown["memory"] = None  # read after the lock (``_with_memory``)
         shown["state"] = self.cgroup_state(name)  # else the memory's, once read
         if name in held.outside:
             shown["state"] = "outside"
@@ -177,11 +178,8 @@ class Views:
     def _with_memory(
         self, shown: dict[str, Any], paths: list[str], nodes: NodeSet
     ) -> dict[str, Any]:
-        state, outside = shown.pop("state"), shown.pop("outside", None)
         shown["memory"] = self._memory(paths, nodes)
-        shown["state"] = state or shown["memory"]["state"]
-        if outside is not None:
-            shown["outside"] = outside
+        shown["state"] = shown["state"] or shown["memory"]["state"]
         return shown
 
     def cgroup_state(self, name: str) -> str:
