@@ -282,9 +282,8 @@ def test_a_walk_steps_aside_until_a_change_ends() -> None:
         assert not change.is_alive()
 
 
-def _pass_beside_a_change(daemon: Daemon) -> tuple[list[int], threading.Event, threading.Thread]:
-    """A change under way (until the event is set), and a pass started beside it:
-    the beats its walk made so far."""
+def _count_beats(daemon: Daemon) -> list[int]:
+    """The beats of the daemon's passes from now on (its watchdog still hears them)."""
     beats, real = [0], daemon.enforcer.beat
 
     def counted() -> None:
@@ -292,6 +291,13 @@ def _pass_beside_a_change(daemon: Daemon) -> tuple[list[int], threading.Event, t
         real()
 
     daemon.enforcer.beat = counted
+    return beats
+
+
+def _pass_beside_a_change(daemon: Daemon) -> tuple[list[int], threading.Event, threading.Thread]:
+    """A change under way (until the event is set), and a pass started beside it:
+    the beats its walk made so far."""
+    beats = _count_beats(daemon)
     started, go = threading.Event(), threading.Event()
     _thread(lambda: _held_change(daemon.held, started, go))
     assert started.wait(LONG)
@@ -348,13 +354,7 @@ def test_a_walk_goes_on_beside_a_change_for_at_most_32_cgroups(
         return real(path)
 
     monkeypatch.setattr(hierarchy, "_may_have_subdirectories", counted)
-    beats, real_beat = [0], daemon.enforcer.beat
-
-    def beat() -> None:
-        beats[0] += 1
-        real_beat()
-
-    daemon.enforcer.beat = beat
+    beats = _count_beats(daemon)
     passing = _thread(daemon.reconcile)
     assert paused.wait(LONG)
     started, go = threading.Event(), threading.Event()
