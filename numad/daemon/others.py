@@ -58,23 +58,28 @@ class Others:
             return
         # Made, or to be made (not seen yet): the cgroups above are its. Seen and gone
         # since (moved, resized): they stay strays, as a pass finds them.
-        mine = self.present(held.cgroups_of(spec), held.others)
+        seen = self.seen()
+        mine = self.present(held.cgroups_of(spec), held.others, seen)
         gone = {p for p in held.others if related_to(p, mine)}
         if not gone:
             return
         others = held.others - gone  # a new set: a reader may be sorting the old
         above = [p for p in gone if any(m.startswith(p + "/") for m in mine)]
         if above and not self.isolation.v1:  # those bounded it bounded: a walk below it
-            found = self.enforcer.unmanaged(above, held.specs.values(), seen=self.seen())
+            found = self.enforcer.unmanaged(above, held.specs.values(), seen=seen)
             found -= held.orphans
             others |= outermost(found - held.owned(), others)
         self.isolate(others)
 
-    def present(self, mine: set[str], near: Collection[str]) -> set[str]:
+    def present(
+        self, mine: set[str], near: Collection[str], seen: set[str] | None = None
+    ) -> set[str]:
         """Of workloads' cgroups ``mine``, those that count for the cgroups above them:
         all but those below one of ``near`` that numad has seen and that exist no more
-        (``numad.host.strays.unmanaged``). Cost: a stat per such cgroup."""
-        seen = self.seen()
+        (``numad.host.strays.unmanaged``; ``seen``: ``seen()``, where the caller has it).
+        Cost: a stat per such cgroup."""
+        if seen is None:
+            seen = self.seen()
         return {
             m
             for m in mine
