@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from numad.cpuset import CPUSet, NodeSet
+from numad.errors import NumadError
 from numad.placement.admission import (
     Books,
     Engine,
@@ -284,12 +285,16 @@ def _again(
     movers: Mapping[str, Mover],
 ) -> tuple[Books, dict[str, Outcome]] | None:
     """``books`` with each of ``order`` admitted again by its own request, and their
-    outcomes; None when one does not fit, or its hugepages would not stay as they
-    were in ``before``."""
+    outcomes; None when one does not fit, its request no longer admits (it names what
+    the config has no more, e.g. a device class: it stays where it is), or its
+    hugepages would not stay as they were in ``before``."""
     moved = {}
     for name in order:
         request = movers[name].request
-        books, again = admit(engine, books, request)
+        try:
+            books, again = admit(engine, books, request)
+        except NumadError:
+            return None
         if not again.admitted or _hugepages(books, request) != _hugepages(before, request):
             return None
         moved[name] = again

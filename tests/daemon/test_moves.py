@@ -279,3 +279,32 @@ def test_three_moves_admit_and_the_hint_for_fixed_ones_stays_with_single_moves(
     assert all(_cpus(daemon.show(n)).issubset(NODES[1]) for n in "abc")
     assert _cpus(daemon.show("big")).issubset(NODES[0])
     assert _cpus(daemon.show("w")) == held["w"]
+
+
+def test_a_fixed_workload_whose_device_class_left_does_not_fail_a_rejection(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db asked for a vector engine; the engine left (db keeps its CPUs, holding none),
+    then its class left the config and numad restarted: db comes back placed on its
+    record, its request naming a class there is none of. big's rejection searches the
+    moves of fixed workloads for its hint, and placing db again raises there. Before,
+    that error was big's answer ("device class ve: no such class", though big asks for
+    no device; found by the fault campaign, seed 103); now db is passed over and big is
+    rejected as the machine stands."""
+    ve = {"devices": {"ve": {"class-prefix": "0x0b40"}}}
+    daemon = recorded_daemon(machines, tmp_path, ve)
+    _admit(daemon, _spec("db", 4, devices={"ve": 1}))
+    (address,) = daemon.books.devices.held[("db", "main")]["ve"]
+    (Path(str(daemon.fs.root)) / "sys/bus/pci/devices" / address).unlink()
+    daemon.rediscover()
+    db = _cpus(daemon.show("db"))
+    new = restarted_daemon(daemon)  # no [devices] now
+    assert "unplaced" not in json.dumps(new.show("db"))
+    assert _cpus(new.show("db")) == db
+    _admit(new, _spec("web", 6))
+    _admit(new, _spec("batch", 12))  # node 0: db and web, 4 free; node 1: batch, 4 free
+    scratch_mkdir(Path(str(new.fs.root)) / "sys/fs/cgroup", "numad.slice/big")
+    outcome = new.admit(new.parse(json.dumps(_spec("big", 8)), "json"))
+    assert not outcome.admitted
+    assert "db" not in outcome.unmovable
+    assert _cpus(new.show("db")) == db

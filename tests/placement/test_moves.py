@@ -253,6 +253,22 @@ def test_a_device_holder_is_not_moved_off_its_devices_node() -> None:
     assert make_room(ENGINE, books, _request("new", 4), movers) is None
 
 
+def test_a_mover_whose_request_no_longer_admits_is_passed_over() -> None:
+    """b asks for a device class the config no longer has (it held its device when it
+    was admitted; the class left the config since, and b came back on its record):
+    placing b again raises, so no plan moves b, and the search goes on to d. Before,
+    the error ended the newcomer's admission (found by the fault campaign, seed 103)."""
+    books = _filled(("a", 2), ("b", 2), ("d", 2), ("c", 4))  # node 0: 2 free; node 1: 3
+    assert not admit(ENGINE, books, _request("new", 4))[1].admitted
+    gone = WorkloadRequest("b", (ContainerRequest("main", 2, {"memory": GIB}, {"ve": 1}),))
+    movers = {"b": Mover(gone), "d": Mover(_request("d", 2))}
+    plan = make_room(ENGINE, books, _request("new", 4), movers)
+    assert plan is not None
+    assert [m.workload for m in plan.moves] == ["d"]
+    assert _cpus(plan.books, "b") == _cpus(books, "b")
+    assert make_room(ENGINE, books, _request("new", 4), {"b": Mover(gone)}) is None
+
+
 def test_the_words() -> None:
     across = Move("db", CPUSet([1, 9]), CPUSet([4, 12]), NodeSet([0]), NodeSet([1]), 64 << 20)
     assert across.text("would move") == "would move db from node 0 to node 1, 64Mi of memory"
