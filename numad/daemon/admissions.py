@@ -187,6 +187,7 @@ class Admissions:
             held.forget(name)
             for problem in ("workload", "outside", "cgroup-of"):
                 self.health.clear(f"{problem}:{name}")
+            self.health.clear_prefix(f"hotplug:{name}/")  # its containers' flags
             self.migrations.forget(name, [spec.container_cgroup(c) for c in spec.containers])
             with contextlib.suppress(KeyError):  # never measured
                 self.metrics.locality.remove(name)

@@ -92,8 +92,9 @@ class Reconciler:
             held.books = new.books
             held.rediscover_pending = False
             self.enforcer.written.clear()
-            for change in new.flagged:
-                self.health.set(f"hotplug:{change.split(':')[0]}", change)
+            for change in new.flagged:  # one problem per change: a container short of
+                # CPUs that then loses its device shows both ("w/c: cpus 3 went offline")
+                self.health.set(f"hotplug:{change.split(';')[0]}", change)
             self.check_classes()
             self.commits.after_commit(self.commits.enforce)
         self.update_gauges()

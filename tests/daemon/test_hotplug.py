@@ -91,6 +91,29 @@ def test_a_device_leaving_is_dropped_and_flagged(machines: Machines, tmp_path: P
     assert daemon.books.devices.inventory.classes["ve"]  # the other engines are still there
 
 
+def test_a_container_short_of_cpus_that_loses_its_device_shows_both_until_released(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """Each flag is a problem of its own: before, the device's replaced the CPUs' (one
+    problem per container), and db's shortfall went unsaid (found by the fault
+    campaign, seed 125). Released, db's flags go with it."""
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    online = (before | CPUSet([0, 16])) - CPUSet([victim])  # nothing free to take over
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    daemon.rediscover()
+    (address,) = daemon.books.devices.held[("db", "main")]["ve"]
+    (_root(daemon) / "sys/bus/pci/devices" / address).unlink()
+    daemon.rediscover()
+    flags = [p for p in daemon.problems if p.startswith("db/main:")]
+    assert len(flags) == 2, daemon.problems
+    assert any(f"cpus {victim} went offline" in p for p in flags)
+    assert any(f"device {address} (ve) left" in p for p in flags)
+    daemon.release("db")
+    assert not [p for p in daemon.problems if p.startswith("db/")], daemon.problems
+
+
 def test_events_are_debounced_into_bursts() -> None:
     def source() -> Iterator[Event]:
         for i in range(5):  # a hot-add brings several events at once
