@@ -225,15 +225,20 @@ def _reassign(
 ) -> tuple[Books, str]:
     """Replace the ``lost`` CPUs of an exclusive set by free CPUs of the NUMA nodes
     the set was on, never elsewhere: moving a container off its node silently
-    would break its alignment. With none free there, the container is flagged."""
+    would break its alignment. With none free there, or only the shared pool's last
+    (the cgroups that are no workload's would have no CPU to run on: the rule an
+    admission keeps), the container is flagged."""
     where = f"{key[0]}/{key[1]}"
     lost = before & ~books.cpu.online
     lost_text = CPUSet.from_bits(lost).format_list()
     local = books.cpu.available & policy.topo.numa_mask(nodes)
+    flagged = f"{where}: cpus {lost_text} went offline; none free to replace them; flagged"
     try:
         extra = policy.allocate(local, lost.bit_count(), nodes, reserved=books.cpu.reserved)
     except NumadError:
-        return books, f"{where}: cpus {lost_text} went offline; none free to replace them; flagged"
+        return books, flagged
+    if not books.cpu.shared_pool & ~extra:
+        return books, f"{flagged} (the shared pool's last cpus are not taken)"
     assignments = dict(books.cpu.assignments)
     assignments[key] = (before & ~lost) | extra
     cpu = replace(books.cpu, assignments=MappingProxyType(assignments))

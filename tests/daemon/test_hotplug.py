@@ -91,6 +91,25 @@ def test_a_device_leaving_is_dropped_and_flagged(machines: Machines, tmp_path: P
     assert daemon.books.devices.inventory.classes["ve"]  # the other engines are still there
 
 
+def test_a_replacement_never_takes_the_shared_pools_last_cpu(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The reserved CPUs go offline with one of db's; one free CPU of its node is left,
+    the whole shared pool. Taking it would leave every other cgroup no CPU to run on
+    (and db's grant waiting on them for good: found by the fault campaign, seed 108):
+    db is flagged instead, and the pool keeps it."""
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim, spare = before.max(), (NODE0 - before - CPUSet([0, 16])).min()
+    online = (before | CPUSet([spare])) - CPUSet([victim])  # reserved 0 and 16 offline
+    (_root(daemon) / "sys/devices/system/cpu/online").write_text(online.format_list() + "\n")
+    changes = daemon.rediscover()
+    assert _held(daemon) == before - CPUSet([victim])
+    assert CPUSet.from_bits(daemon.books.cpu.shared_pool) == CPUSet([spare])
+    assert any("shared pool's last" in c and "flagged" in c for c in changes), changes
+    assert any(p.startswith("db/main: cpus") for p in daemon.problems)
+
+
 def test_a_container_short_of_cpus_that_loses_its_device_shows_both_until_released(
     machines: Machines, tmp_path: Path
 ) -> None:
