@@ -111,7 +111,7 @@ class Others:
         fresh = []
         if leaving and not isolation.v1:
             unwritten = (others - held.others) | (others - enforcer.written.keys())
-            fresh = around(unwritten, leaving)
+            fresh = around(unwritten, leaving) + self._made_below(leaving)
         kept: set[str] = set()
         failed: list[str] = []
         if fresh:  # recorded, written, and only then the others given back
@@ -125,6 +125,16 @@ class Others:
         held.others = others
         for path in isolation.mark(others, held.owned()):
             enforcer.forget(path)  # numad writes it no more (or as a workload's)
+
+    def _made_below(self, leaving: set[str]) -> list[str]:
+        """Workloads' cgroups below one given back, that exist: each was gone or not
+        made yet when that one was isolated (else it would bound a workload), so numad
+        may not have written it since it was made (a pass or its event would), and its
+        file may be empty (what the one above runs on). They are written first, as the
+        strays are. Cost: a prefix test per level of each workload cgroup, a stat per one
+        below."""
+        mine = (p for p in self.held.owned() if below_any(p, leaving))
+        return sorted(p for p in mine if self.enforcer.exists(p))
 
     def _kept(self, kept: set[str], failed: list[str], still: set[str]) -> None:
         """Health names each cgroup kept isolated because one around it could not be

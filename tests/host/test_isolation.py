@@ -136,6 +136,34 @@ def test_admitted_below_an_isolated_cgroup_the_strays_beside_it_are_bounded_firs
     assert not breaches, breaches
 
 
+def test_a_workloads_cgroup_made_again_below_an_isolated_one_is_bounded_before_it_is_given_back(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``x`` bounded ``early``'s cgroup, which went: ``x`` is a stray again, isolated.
+    ``early``'s cgroup is made again, and before a pass or its event sees it, ``late``
+    is admitted below ``x`` too: ``x`` gets its own (empty) setting back, every CPU.
+    ``early``'s new cgroup, whose file is empty (``x``'s CPUs), is written first, at no
+    instant running on ``db``'s exclusive CPUs (found by the fault campaign, seed 43)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    early = "numad.slice/x/early"
+    scratch_mkdir(_tree(daemon), early)
+    _admit(daemon, {"name": "early", "cgroup": early, "cpus": 2})
+    daemon.reconcile()  # seen
+    shutil.rmtree(_tree(daemon) / early)
+    daemon.reconcile()  # gone: held through the release grace; x is a stray again
+    assert "numad.slice/x" in daemon.others
+    scratch_mkdir(_tree(daemon), early)  # no pass, no event yet
+    breaches = _watch_every_write(daemon, monkeypatch, [early], "numad.slice/db")
+    scratch_mkdir(_tree(daemon), "numad.slice/x/late")
+    _admit(daemon, {"name": "late", "cgroup": "numad.slice/x/late", "cpus": 2})
+    assert not breaches, breaches
+    assert "numad.slice/x" not in daemon.others
+    assert _cpus(daemon, "numad.slice/x") == CPUSet()  # its own, given back
+    mine = CPUSet.from_bits(daemon.books.cpu.assignments["early", "main"])
+    assert _effective(daemon, early) == mine  # its own grant, in the same change
+
+
 def test_after_an_upgrade_the_cgroups_an_older_numad_wrote_below_a_stray_are_given_back(
     machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
