@@ -248,6 +248,8 @@ class Commits:
             with held.changing.unlocked():  # each may walk a subtree and write
                 for spec in back:  # a workload's cgroup made again below an isolated one
                     self.others.leave(spec)
+                if made & owned:
+                    self._write_made(made & owned)
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)
@@ -273,6 +275,17 @@ class Commits:
                 self.isolation.mark(held.others, owned)  # their own settings read, saved
                 self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
+
+    def _write_made(self, made: set[str]) -> None:
+        """Workloads' cgroups just made get their own sets now, not at the next pass:
+        cgroup v2 gave each its parent's CPUs, every CPU of a managed root, the
+        exclusive ones too. What numad wrote to one before it went is not taken for
+        the new one's. Cost: every workload's targets, and the writes of those made."""
+        held = self.held
+        for path in made:
+            self.enforcer.forget(path)
+        wanted = targets(held.books, held.specs, (), outside=held.outside)
+        self.enforcer.apply([t for t in wanted if t.path in made], held.books.cpu.shared_pool)
 
     def written_elsewhere(self, paths: set[str]) -> bool:
         """Whether another writer changed the cpuset numad wrote in one of ``paths``

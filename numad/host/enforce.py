@@ -131,6 +131,7 @@ class Enforcer:
             step("shared")
         if self.cancelled():
             return
+        self._hold_back(pending, blocked, pool)
         self._grant(pending, blocked, failing)
         if step is not None:
             step("exclusive")
@@ -213,6 +214,15 @@ class Enforcer:
                 f"{t.path}: exclusive cpus {CPUSet.from_bits(t.cpus).format_list()} not"
                 f" granted yet: {', '.join(holders)} may still run there; retried every pass",
             )
+
+    def _hold_back(self, pending: list[Target], blocked: int, pool: int) -> None:
+        """Each cgroup whose grant must wait and whose file is empty (made since numad
+        last wrote it: cgroup v2 runs it on its parent's CPUs, every CPU of a managed
+        root) runs on the shared pool meanwhile, like any cgroup that holds no grant."""
+        for t in pending:
+            waits = t.cpus & (blocked | self._granted_elsewhere(t.path))
+            if waits and self._held(t.path, empty=-1) == -1:
+                self._share(Target(t.path, pool, t.mems, exclusive=False), pool)
 
     def _narrow(self, pending: list[Target], blocked: int) -> bool:
         """Each waiting cgroup whose file holds an older grant gives up the CPUs of

@@ -274,8 +274,8 @@ def _may_run_on(sim: Simulation) -> dict[str, int]:
     """The CPUs each cgroup (``cgroup.type``: a cgroup, not a mount point) may run on,
     as numad counts them: its own cpuset, else what its nearest ancestor with one
     applies; but not an exclusive workload's empty cpuset while it waits for its
-    grant (numad holds no grant back for it, though the kernel lets it run on
-    every CPU meanwhile: a bug, reported)."""
+    grant (numad gives it the shared pool meanwhile, since 2026-12-06: one still
+    empty is one whose write failed, and holds no grant back)."""
     held = sim.held_files()
     books = sim.daemon.books.cpu
     waiting = {s.cgroup for n, s in sim.daemon.specs.items() if (n, "main") in books.assignments}

@@ -277,6 +277,7 @@ BROKEN = [
             outages.unreadable_cpuset,
             lambda mp: mp.setattr(enforce.Enforcer, "_applied_above", lambda *_: -1),
             "not granted; no other cgroup runs there",
+            churn=True,
         ),
         id="unreadable-blocks-every-cpu",
     ),

@@ -924,3 +924,29 @@ def test_a_unit_an_older_numad_told_itself_is_given_back_off_the_lock(
     assert _cpus(again, "system.slice") == CPUSet.parse_list("0-23")
     assert json.loads((again.state_dir / "units.json").read_text())["units"] == {}
     assert json.loads((again.state_dir / "isolation.json").read_text())["cgroups"] == {}
+
+
+def test_a_workloads_cgroup_made_after_its_admission_gets_its_grant_at_its_event(
+    machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``late`` is admitted before its cgroup is made (``numad admit``, then the runtime
+    makes it). cgroup v2 gives a new cgroup its parent's CPUs, every CPU of
+    ``numad.slice``: ``db``'s exclusive ones too. The event of its ``mkdir`` writes its
+    grant at once, not the next pass (10 s later by default); before 2026-12-06 it ran
+    on ``db``'s CPUs until then. Made again after it went, the same (the grant numad
+    wrote to the old cgroup is not taken for the new one's)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    _admit(daemon, {"name": "db", "cgroup": "numad.slice/db", "cpus": 8})
+    _admit(daemon, {"name": "late", "cgroup": "numad.slice/late", "cpus": 2})
+    mine = CPUSet.from_bits(daemon.books.cpu.assignments["late", "main"])
+    for _ in range(2):
+        scratch_mkdir(_tree(daemon), "numad.slice/late")
+        daemon.isolate_new(["numad.slice/late"])  # the event its mkdir raises
+        assert _effective(daemon, "numad.slice/late") == mine
+        shutil.rmtree(_tree(daemon) / "numad.slice/late")
+    scratch_mkdir(_tree(daemon), "numad.slice/shared")
+    _admit(daemon, {"name": "shared", "cgroup": "numad.slice/shared/c", "cpus": "500m"})
+    scratch_mkdir(_tree(daemon), "numad.slice/shared/c")
+    daemon.isolate_new(["numad.slice/shared/c"])
+    pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert _effective(daemon, "numad.slice/shared/c") == pool
