@@ -82,6 +82,11 @@ class Reconciler:
                 held.books,
                 old=held.topology,
                 reserved=held.reserved,
+                wanted={
+                    (s.name, c.name): c.exclusive_cpus
+                    for s in held.specs.values()
+                    for c in s.containers
+                },
             )
             try:  # v1 took CPUs that went offline out of its cpusets, even if back already
                 self.cgroups.restore_cpus(CPUSet.from_bits(new.books.cpu.online))
@@ -92,6 +97,8 @@ class Reconciler:
             held.books = new.books
             held.rediscover_pending = False
             self.enforcer.written.clear()
+            for where in new.whole:  # given the CPUs it was short of
+                self.health.clear_prefix(f"hotplug:{where}: cpus")
             for change in new.flagged:  # one problem per change: a container short of
                 # CPUs that then loses its device shows both ("w/c: cpus 3 went offline")
                 self.health.set(f"hotplug:{change.split(';')[0]}", change)

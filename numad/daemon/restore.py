@@ -175,17 +175,28 @@ class Rediscovered:
     books: Books
     changes: tuple[str, ...]
     flagged: tuple[str, ...]
+    whole: tuple[str, ...] = ()  # containers ("workload/container") short before, whole now
 
 
 def rediscovered(
-    fs: HostFS, config: Config, engine: Engine, books: Books, *, old: Topology, reserved: int
+    fs: HostFS,
+    config: Config,
+    engine: Engine,
+    books: Books,
+    *,
+    old: Topology,
+    reserved: int,
+    wanted: Mapping[tuple[str, str], int] | None = None,
 ) -> Rediscovered:
     """The machine read again after hotplug, with every decision that still holds
     kept. A CPU that went offline under an exclusive set is replaced by a free CPU
-    of the same NUMA nodes, or the container keeps the rest and is flagged; CPUs
-    and nodes that appear join the pool and the merge; a held device that left is
-    dropped from its container and flagged. Reserved CPUs stay reserved, also
-    those that went offline and came back."""
+    of the same NUMA nodes, or the container keeps the rest and is flagged; a
+    container that holds fewer than it asks (``wanted``: exclusive CPUs per
+    container) is given the rest there once it can; CPUs and nodes that appear join
+    the pool and the merge; a held device that left is dropped from its container
+    and flagged. Reserved CPUs stay reserved, also those that went offline and came
+    back."""
+    wanted = wanted or {}
     topo = discover(HostFS(fs.root))
     view = CPUTopology.from_topology(topo)
     policy = StaticPolicy(view, engine.cpu_policy.options)
@@ -199,6 +210,7 @@ def rediscovered(
     inventory = DeviceInventory.build(topo, config.device_classes)
     present = {d.address for devices in inventory.classes.values() for d in devices}
     changes: list[str] = []
+    whole: list[str] = []
     held = {}
     for key, per_class in books.devices.held.items():
         kept = {c: tuple(a for a in addrs if a in present) for c, addrs in per_class.items()}
@@ -213,11 +225,16 @@ def rediscovered(
             nodes = NodeSet(n.id for n in old.nodes if n.cpus.bits & before)
             new, change = _reassign(new, policy, key, before=before, nodes=nodes)
             changes.append(change)
+        elif before and wanted.get(key, 0) > before.bit_count():  # flagged short before
+            new, change = _top_up(new, policy, key, wanted[key] - before.bit_count(), topo)
+            if change:
+                changes.append(change)
+                whole.append(f"{key[0]}/{key[1]}")
     changes += [f"memory: {c}" for c in new.memory.conflicts()]
     machine = Machine(topo.node_ids, distances(topo))
     engine = replace(engine, machine=machine, cpu_policy=policy)
     flagged = tuple(c for c in changes if "flagged" in c or c.startswith("memory"))
-    return Rediscovered(topo, policy, engine, new, tuple(changes), flagged)
+    return Rediscovered(topo, policy, engine, new, tuple(changes), flagged, tuple(whole))
 
 
 def _reassign(
@@ -225,25 +242,55 @@ def _reassign(
 ) -> tuple[Books, str]:
     """Replace the ``lost`` CPUs of an exclusive set by free CPUs of the NUMA nodes
     the set was on, never elsewhere: moving a container off its node silently
-    would break its alignment. With none free there, or only the shared pool's last
-    (the cgroups that are no workload's would have no CPU to run on: the rule an
-    admission keeps), the container is flagged."""
+    would break its alignment. With none free there (``_free_near``), the container
+    is flagged."""
     where = f"{key[0]}/{key[1]}"
     lost = before & ~books.cpu.online
     lost_text = CPUSet.from_bits(lost).format_list()
-    local = books.cpu.available & policy.topo.numa_mask(nodes)
-    flagged = f"{where}: cpus {lost_text} went offline; none free to replace them; flagged"
-    try:
-        extra = policy.allocate(local, lost.bit_count(), nodes, reserved=books.cpu.reserved)
-    except NumadError:
-        return books, flagged
-    if not books.cpu.shared_pool & ~extra:
-        return books, f"{flagged} (the shared pool's last cpus are not taken)"
-    assignments = dict(books.cpu.assignments)
-    assignments[key] = (before & ~lost) | extra
-    cpu = replace(books.cpu, assignments=MappingProxyType(assignments))
+    extra, short = _free_near(books, policy, lost.bit_count(), nodes)
+    if not extra:
+        return (
+            books,
+            f"{where}: cpus {lost_text} went offline; none free to replace them{short}; flagged",
+        )
     replaced = CPUSet.from_bits(extra).format_list()
-    return replace(books, cpu=cpu), f"{where}: cpus {lost_text} went offline; reassigned {replaced}"
+    books = _given(books, key, (before & ~lost) | extra)
+    return books, f"{where}: cpus {lost_text} went offline; reassigned {replaced}"
+
+
+def _top_up(
+    books: Books, policy: StaticPolicy, key: tuple[str, str], need: int, topo: Topology
+) -> tuple[Books, str]:
+    """A container short of ``need`` CPUs (flagged when they went offline) given free
+    CPUs of the NUMA nodes its others are on, once there are (``_free_near``); ""
+    while there are not."""
+    have = books.cpu.assignments[key]
+    nodes = NodeSet(n.id for n in topo.nodes if n.cpus.bits & have)
+    extra, _ = _free_near(books, policy, need, nodes)
+    if not extra:
+        return books, ""
+    given = CPUSet.from_bits(extra).format_list()
+    change = f"{key[0]}/{key[1]}: short of {need} cpus; given {given}"
+    return _given(books, key, have | extra), change
+
+
+def _free_near(books: Books, policy: StaticPolicy, count: int, nodes: NodeSet) -> tuple[int, str]:
+    """``count`` free CPUs of ``nodes`` as the policy picks them, and ""; else 0 and
+    why not: none free there, or only the shared pool's last (every cgroup that is no
+    workload's runs there: the rule an admission keeps)."""
+    local = books.cpu.available & policy.topo.numa_mask(nodes)
+    try:
+        extra = policy.allocate(local, count, nodes, reserved=books.cpu.reserved)
+    except NumadError:
+        return 0, ""
+    if not books.cpu.shared_pool & ~extra:
+        return 0, " (but the shared pool's last)"
+    return extra, ""
+
+
+def _given(books: Books, key: tuple[str, str], cpus: int) -> Books:
+    assignments = {**books.cpu.assignments, key: cpus}
+    return replace(books, cpu=replace(books.cpu, assignments=MappingProxyType(assignments)))
 
 
 def distances(topo: Topology) -> Mapping[int, Mapping[int, int]] | None:

@@ -91,6 +91,38 @@ def test_a_device_leaving_is_dropped_and_flagged(machines: Machines, tmp_path: P
     assert daemon.books.devices.inventory.classes["ve"]  # the other engines are still there
 
 
+def test_a_flagged_container_is_given_the_cpus_it_lacks_once_they_are_free(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db is short of a CPU (none was free when one of its went offline). Before, it
+    stayed short until numad restarted; now the next rediscovery with a free CPU on its
+    node gives it one, and the flag goes. Never the shared pool's last, and never of
+    another node."""
+    daemon = _daemon(machines, tmp_path)
+    before = _held(daemon)
+    victim = before.max()
+    cpu_online = _root(daemon) / "sys/devices/system/cpu/online"
+    cpu_online.write_text(((before | CPUSet([0, 16])) - CPUSet([victim])).format_list() + "\n")
+    daemon.rediscover()
+    assert _held(daemon) == before - CPUSet([victim])
+    spare = (NODE0 - before - CPUSet([0, 16])).min()
+    cpu_online.write_text((before - CPUSet([victim]) | CPUSet([spare])).format_list() + "\n")
+    changes = daemon.rediscover()  # reserved offline: the spare is the pool's last
+    assert _held(daemon) == before - CPUSet([victim]), changes
+    assert any(p.startswith("db/main: cpus") for p in daemon.problems)
+    back = NODE0 - CPUSet([victim])  # node 0 back but the victim; node 1 offline
+    cpu_online.write_text(back.format_list() + "\n")
+    changes = daemon.rediscover()
+    after = _held(daemon)
+    assert len(after) == 4, changes
+    assert (before - CPUSet([victim])).issubset(after)
+    assert after.issubset(NODE0)
+    assert any(c.startswith("db/main: short of 1 cpus; given") for c in changes), changes
+    assert not [p for p in daemon.problems if p.startswith("db/main: cpus")], daemon.problems
+    cgroup = _root(daemon) / "sys/fs/cgroup/numad.slice/db/cpuset.cpus"
+    assert CPUSet.parse_list(cgroup.read_text()) == after
+
+
 def test_a_replacement_never_takes_the_shared_pools_last_cpu(
     machines: Machines, tmp_path: Path
 ) -> None:
