@@ -190,10 +190,15 @@ def replace_grown(
 ) -> Plan | None:
     """A movable workload resized past its nodes' room, re-placed whole by its new
     request (``grown``): where it fits once it leaves its place, else after moving one
-    to three of ``movers`` (``make_room``). Its own move leads the plan's moves."""
+    to three of ``movers`` (``make_room``). Its own move leads the plan's moves. None
+    where its request no longer admits (it names what the config has no more, e.g. a
+    device class: it stays as it is)."""
     request = grown.request
     without = _vacate(books, name)
-    after, outcome = admit(engine, without, request)
+    try:
+        after, outcome = admit(engine, without, request)
+    except NumadError:
+        return None
     moved: Mapping[str, Outcome] = {}
     if not outcome.admitted:
         plan = make_room(engine, without, request, {n: m for n, m in movers.items() if n != name})

@@ -211,3 +211,25 @@ def test_movable_is_kept_in_the_checkpoint_and_old_ones_read_as_fixed(
     assert new.specs["db"].movable is False
     assert new.show("db")["movable"] is False
     assert len(CPUSet.parse_list(new.show("db")["containers"]["main"]["cpus"])) == 2
+
+
+def test_a_grown_workload_whose_device_class_left_is_refused_with_nothing_changed(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db, movable, holds a vector engine; the engine left, then its class left the
+    config and numad restarted: db is back on its record, its request naming a class
+    there is none of. Grown past its node's room it would be re-placed, and placing it
+    again raises: 409, and every file as it was. Before, the error escaped the resize
+    (found by the fault campaign, seed 36)."""
+    ve = {"devices": {"ve": {"class-prefix": "0x0b40"}}}
+    daemon = recorded_daemon(machines, tmp_path, ve)
+    _admit(daemon, _spec("db", 4, devices={"ve": 1}, movable=True))
+    (address,) = daemon.books.devices.held[("db", "main")]["ve"]
+    (Path(str(daemon.fs.root)) / "sys/bus/pci/devices" / address).unlink()
+    daemon.rediscover()
+    new = restarted_daemon(daemon)  # no [devices] now
+    _admit(new, _spec("web", 10))  # db's node has 14 free CPUs: 2 left
+    before = _files(new)
+    status, answer = new.resize("db", json.dumps({"cpus": 8}).encode())
+    assert status == 409, answer
+    assert _files(new) == before

@@ -277,6 +277,16 @@ def test_the_words() -> None:
     assert (across.across, within.across, within.changed) == (True, False, 2)
 
 
+def test_a_grown_workload_whose_request_no_longer_admits_is_not_re_placed() -> None:
+    """b, movable, grows past its node's room, but its request names a device class
+    the config has no more (it came back on its record): placing it again raises, so
+    there is no plan, and the resize is refused with nothing changed. Before, the error
+    escaped the resize (found by the fault campaign, seed 36)."""
+    books = _filled(("a", 4), ("b", 2), ("c", 1))  # node 0: 1 free; node 1: 7 free
+    gone = WorkloadRequest("b", (ContainerRequest("main", 5, {"memory": GIB}, {"ve": 1}),))
+    assert replace_grown(ENGINE, books, "b", Mover(gone), {"c": Mover(_request("c", 1))}) is None
+
+
 def test_a_grown_movable_workload_is_re_placed_whole() -> None:
     books = _filled(("a", 4), ("b", 2), ("c", 1))  # node 0: 1 free; node 1: 7 free
     assert _node(_cpus(books, "b")) == 0
