@@ -166,10 +166,11 @@ def admit_below(sim: Simulation) -> None:
         sim.reconcile_pass()  # found and isolated before the workload comes, mostly
     path = f"{above}/{name}"
     pool = sim.daemon.books.cpu.shared_pool
+    isolated = above in sim.daemon.others  # else nothing bounds them (no pass, no event)
     sim.bounded = {
         str(d.relative_to(sim.cgroups))
         for d in (sim.cgroups / above).rglob("*")
-        if d.is_dir() and not sim.runs_on(str(d.relative_to(sim.cgroups))) & ~pool
+        if isolated and d.is_dir() and not sim.runs_on(str(d.relative_to(sim.cgroups))) & ~pool
     } - {path}
     scratch_mkdir(sim.cgroups, path)
     sim.removed.discard(name)

@@ -289,7 +289,7 @@ class Simulation:
                     )
             for other, runs_on in bounded.items():
                 shared = runs_on & grant
-                if shared:
+                if shared and not _within(other, path):  # not the grant's own cgroup
                     raise Violation(
                         f"{when}: {other}, bounded by an isolated cgroup before, runs on"
                         f" cpus {CPUSet.from_bits(shared)} of the exclusive {path}"
