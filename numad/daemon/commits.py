@@ -151,10 +151,7 @@ class Commits:
         else:
             self.others.leave(changed)
         self.isolation.workloads.own(self.units(), held.orphans)  # told through systemd
-        memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
-        wanted = targets(
-            held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
-        )
+        wanted = self._wanted()
         self.watched = frozenset(held.owned())  # their writes are watched (``written_elsewhere``)
         partitions = self.enforcer.partitions
         clashes = set(partitions.clashes) if partitions is not None else set()
@@ -276,16 +273,24 @@ class Commits:
                 self.enforcer.share([Target(p, pool, None, exclusive=False) for p in new], pool)
         self.log.info("cgroups_isolated_on_creation", cgroups=new[:10], count=len(new))
 
+    def _wanted(self) -> list[Target]:
+        """Every cgroup numad writes, as the books say (``numad.host.targets``)."""
+        held = self.held
+        memory = NodeSet(n.id for n in held.topology.nodes if n.memory_total_kb)
+        return targets(
+            held.books, held.specs, held.orphans, held.others, memory or None, outside=held.outside
+        )
+
     def _write_made(self, made: set[str]) -> None:
         """Workloads' cgroups just made get their own sets now, not at the next pass:
         cgroup v2 gave each its parent's CPUs, every CPU of a managed root, the
         exclusive ones too. What numad wrote to one before it went is not taken for
-        the new one's. Cost: every workload's targets, and the writes of those made."""
-        held = self.held
+        the new one's. Every target is applied, so that a grant another cgroup still
+        holds back (one that could not shrink) waits here too. Cost: every target,
+        written only where it changed (a workload's cgroup made is rare)."""
         for path in made:
             self.enforcer.forget(path)
-        wanted = targets(held.books, held.specs, (), outside=held.outside)
-        self.enforcer.apply([t for t in wanted if t.path in made], held.books.cpu.shared_pool)
+        self.enforcer.apply(self._wanted(), self.held.books.cpu.shared_pool)
 
     def written_elsewhere(self, paths: set[str]) -> bool:
         """Whether another writer changed the cpuset numad wrote in one of ``paths``

@@ -357,6 +357,26 @@ def test_a_shared_cgroup_that_cannot_shrink_holds_the_exclusive_grant_back(
     assert daemon.problems == []
 
 
+def test_a_grant_held_back_stays_held_back_when_its_cgroup_is_made_again(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """db's grant waits on web, which cannot shrink. db's cgroup goes and is made again
+    (a restarted container): the event of its mkdir writes it the shared pool, not the
+    grant web still runs on (found by the fault campaign, seed 0, once it delivered
+    the mkdir events); the grant follows once web shrinks."""
+    daemon, faulty = _web_cannot_shrink(machines, tmp_path)
+    db = _held(daemon, "db")
+    tree = Path(str(daemon.fs.root)) / "sys/fs/cgroup"
+    shutil.rmtree(tree / "numad.slice/db")
+    scratch_mkdir(tree, "numad.slice/db")
+    daemon.isolate_new(["numad.slice/db"])  # the event its mkdir raises
+    assert _cpus(daemon, "db") == CPUSet.from_bits(daemon.books.cpu.shared_pool)
+    assert any("not granted yet: numad.slice/web" in p for p in daemon.problems)
+    faulty.fail_write.clear()
+    daemon.reconcile()
+    assert _cpus(daemon, "db") == db
+
+
 def test_a_grant_held_back_is_no_problem_once_its_workload_is_released(
     machines: Machines, tmp_path: Path
 ) -> None:
