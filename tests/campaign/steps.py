@@ -145,7 +145,7 @@ def cgroup_churn(sim: Simulation) -> None:
         sim.remove(path)  # a stray's goes with the workloads below it
         sim.removed.add(name)
     else:
-        scratch_mkdir(sim.cgroups, path)
+        sim.make(path)
 
 
 def admit_below(sim: Simulation) -> None:

@@ -295,8 +295,39 @@ class Simulation:
                         f" cpus {CPUSet.from_bits(shared)} of the exclusive {path}"
                     )
 
+    def check_empty(self, when: str) -> None:
+        """After a step: a workload's cgroup with an empty cpuset (cgroup v2: its parent's
+        CPUs, every CPU of numad.slice) runs on no other's written grant. numad writes it
+        at its mkdir's event (delivered by ``make``), at its admission, or the shared pool
+        while its grant waits; but not where the write failed (health names it) or it is
+        outside the managed roots."""
+        daemon, held = self.daemon, self.held_files()
+        grants = {p: g for p, g in self.exclusive_files.items() if held.get(p) == g}
+        subjects = set(daemon.health.subjects())
+        for name, spec in daemon.specs.items():
+            for c in spec.containers:
+                path = spec.container_cgroup(c)
+                own = self.cgroups / path / "cpuset.cpus"
+                if name in daemon.held.outside or f"write:{path}" in subjects:
+                    continue
+                if not own.is_file() or own.read_text().strip():
+                    continue
+                for other, grant in grants.items():
+                    shared = self.runs_on(path) & grant
+                    if other != path and shared and not _within(path, other):
+                        raise Violation(
+                            f"{when}: {path}, a workload's cgroup with an empty cpuset, runs"
+                            f" on cpus {CPUSet.from_bits(shared)} of the exclusive {other}"
+                        )
+
+    def make(self, path: str) -> None:
+        """``mkdir`` of a cgroup, and the inotify event numad's watcher gets for it."""
+        scratch_mkdir(self.cgroups, path)
+        self.daemon.isolate_new([path])
+
     def check(self, when: str) -> None:
         self.check_files(when)
+        self.check_empty(when)
         cp = self.checkpoint()
         if cp is None:
             return

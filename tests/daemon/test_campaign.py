@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from numad.daemon import admissions, moving, others, reconcile, resizes, state
+from numad.daemon import admissions, commits, moving, others, reconcile, resizes, state
 from numad.errors import CheckpointError
 from numad.host import durable, enforce
 from numad.host.scratch import scratch_mkdir
@@ -301,6 +301,24 @@ BROKEN = [
             churn=True,
         ),
         id="gives-back-before-the-strays-below-are-written",
+    ),
+    pytest.param(
+        Broken(
+            steps.cgroup_churn,
+            lambda mp: mp.setattr(commits.Commits, "_write_made", lambda *_: None),
+            "a workload's cgroup with an empty cpuset, runs on",
+            churn=True,
+        ),
+        id="leaves-a-made-workload-cgroup-to-the-next-pass",
+    ),
+    pytest.param(
+        Broken(
+            outages.unreadable_cpuset,
+            lambda mp: mp.setattr(enforce.Enforcer, "_hold_back", lambda *_: None),
+            "a workload's cgroup with an empty cpuset, runs on",
+            churn=True,
+        ),
+        id="leaves-a-waiting-grant-on-every-cpu",
     ),
 ]
 
