@@ -13,6 +13,7 @@ the cgroup writes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -247,6 +248,8 @@ class Commits:
                     self.others.leave(spec)
                 if made & owned:
                     self._write_made(made & owned)
+            if made & owned:
+                self._seen(made)
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)
@@ -291,6 +294,20 @@ class Commits:
         for path in made:
             self.enforcer.forget(path)
         self.enforcer.apply(self._wanted(), self.held.books.cpu.shared_pool)
+
+    def _seen(self, made: set[str]) -> None:
+        """The workloads whose cgroups were just made have been seen (as a pass would
+        say): gone again, they are released after the grace, and the cgroups above them
+        are strays meanwhile. Checkpointed, as a pass does; one that fails is retried
+        by the next pass."""
+        held = self.held
+        names = {
+            s.name for s in held.specs.values() if s.unit is None and held.cgroups_of(s) & made
+        }
+        if names - held.seen:
+            held.seen = held.seen | names
+            with contextlib.suppress(CheckpointError):
+                self.commit(held.books, held.specs)
 
     def written_elsewhere(self, paths: set[str]) -> bool:
         """Whether another writer changed the cpuset numad wrote in one of ``paths``

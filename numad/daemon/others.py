@@ -111,7 +111,10 @@ class Others:
         fresh = []
         if leaving and not isolation.v1:
             unwritten = (others - held.others) | (others - enforcer.written.keys())
-            fresh = around(unwritten, leaving) + self._made_below(leaving)
+            made = self._made_below(leaving)
+            for path in made:  # made again: what numad wrote or enabled for the old one
+                enforcer.forget(path)  # (its parent's cpuset controller) holds no more
+            fresh = around(unwritten, leaving) + made
         kept: set[str] = set()
         failed: list[str] = []
         if fresh:  # recorded, written, and only then the others given back

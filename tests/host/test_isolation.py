@@ -950,3 +950,30 @@ def test_a_workloads_cgroup_made_after_its_admission_gets_its_grant_at_its_event
     daemon.isolate_new(["numad.slice/shared/c"])
     pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
     assert _effective(daemon, "numad.slice/shared/c") == pool
+
+
+def test_a_workloads_cgroup_and_the_one_above_made_again_each_at_its_event(
+    machines: Machines, tmp_path: Path
+) -> None:
+    """The VM tier's check of a cgroup above a workload's, on a scratch tree, with the
+    mkdir events and no pass between. ``holder/w`` gets its grant at its event (numad
+    has seen it now); it and ``holder`` go, and ``holder`` made again is isolated at
+    its event (``w`` seen, gone: held through the grace); ``holder/w`` made again is
+    granted at its event, and ``holder`` has its own (empty) setting back first. The
+    new ``holder`` has no cpuset enabled below it: numad enables it again for the new
+    ``holder/w`` (what it did for the old one is not taken for the new one's)."""
+    daemon = recorded_daemon(machines, tmp_path)
+    tree = _tree(daemon)
+    _admit(daemon, {"name": "holder-w", "cgroup": "numad.slice/holder/w", "cpus": 1})
+    grant = CPUSet.from_bits(daemon.books.cpu.assignments["holder-w", "main"])
+    for _ in range(2):
+        scratch_mkdir(tree, "numad.slice/holder/w")
+        daemon.isolate_new(["numad.slice/holder", "numad.slice/holder/w"])
+        assert _cpus(daemon, "numad.slice/holder/w") == grant
+        assert grant.issubset(_effective(daemon, "numad.slice/holder"))
+        assert _effective(daemon, "numad.slice/holder/w") == grant
+        shutil.rmtree(tree / "numad.slice/holder")
+        scratch_mkdir(tree, "numad.slice/holder")
+        daemon.isolate_new(["numad.slice/holder"])
+        pool = CPUSet.from_bits(daemon.books.cpu.shared_pool)
+        assert _cpus(daemon, "numad.slice/holder") == pool
