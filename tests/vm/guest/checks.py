@@ -664,8 +664,10 @@ def test_a_cgroup_above_a_workloads_cgroup_that_went_is_isolated_until_it_is_bac
     (the workload is held through the release grace), and "holder" is made again with
     a process in it: that process runs on the pool, off every exclusive CPU, from the
     mkdir (inotify). Made again, "holder/w" gets its CPU back: "holder" its own
-    setting, "w" its grant at the next pass (before 2026-12-05 the process in "holder"
-    ran on every CPU)."""
+    setting, then "w" its grant, at the mkdir's event (before 2026-12-06 at the next
+    pass; before 2026-12-05 the process in "holder" ran on every CPU). Without the
+    forget of what numad enabled for the old "holder/w" (de5921d), "holder" stayed
+    isolated here on 6.1: its new "holder/w" had no cpuset files to write."""
     out = admit("holder-w", cpus=1, cgroup="numad.slice/holder/w")
     grant = decision(out)[0]
     make_cgroup("holder/w")
