@@ -5,13 +5,14 @@ write (``tests.campaign.world`` says which).
 The modules: ``world`` (the simulation and the invariants), ``faults`` (the wrapped
 cgroup backend), and the steps. Inside numad's own life (``steps``): admit,
 release, resize in place (grow and shrink; also inside the crash and checkpoint
-fault steps), cgroups created (with the inotify event of the mkdir) and removed, workloads admitted below cgroups
-isolated as strays (with the cgroups they bounded checked after every write), CPUs
-offline and online, vector engines leaving, clock past the release grace, config
-changes, restarts, crashes at cgroup writes and inside checkpoint writes, injected
-cgroup and checkpoint faults, exceptions in the loops. Around it (``outages``): cgroups gone while
-numad is down, killed ``numad run`` clients, a full state disk during a reconcile
-pass, unreadable cpusets. And hostile numbers in specs (``hostile``).
+fault steps), cgroups created (with the inotify event of the mkdir) and removed,
+workloads admitted below cgroups isolated as strays (with the cgroups they bounded
+checked after every write), CPUs offline and online, vector engines leaving, clock
+past the release grace, config changes, restarts, crashes at cgroup writes and
+inside checkpoint writes, injected cgroup and checkpoint faults, exceptions in the
+loops. Around it (``outages``): cgroups gone while numad is down, killed ``numad
+run`` clients, a full state disk during a reconcile pass, unreadable cpusets. And
+hostile numbers in specs (``hostile``).
 
 Used by tests/daemon/test_campaign.py (a bounded run) and benchmarks/campaign.py.
 """
