@@ -243,13 +243,14 @@ class Commits:
             made, owned = set(paths), held.owned()
             mine = self.others.present(owned, made)  # above one gone: a stray
             back = [s for s in held.specs.values() if self.others.below(held.cgroups_of(s) & made)]
+            theirs = made & owned  # workloads' cgroups made (again)
             with held.changing.unlocked():  # each may walk a subtree and write
                 for spec in back:  # a workload's cgroup made again below an isolated one
                     self.others.leave(spec)
-                if made & owned:
-                    self._write_made(made & owned)
-            if made & owned:
-                self._seen(made)
+                if theirs:
+                    self._write_made(theirs)
+            if theirs:
+                self._seen(theirs)
             tops = [p for p in paths if CgroupEvents.top_level(p) and p not in held.others]
             if tops:  # a new top-level cgroup: listed as a pass does (rare: no tree walk)
                 was = set(held.others)

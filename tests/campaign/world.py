@@ -312,8 +312,9 @@ class Simulation:
                     continue
                 if not own.is_file() or own.read_text().strip():
                     continue
+                runs_on = self.runs_on(path)
                 for other, grant in grants.items():
-                    shared = self.runs_on(path) & grant
+                    shared = runs_on & grant
                     if other != path and shared and not _within(path, other):
                         raise Violation(
                             f"{when}: {path}, a workload's cgroup with an empty cpuset, runs"
